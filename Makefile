@@ -1,0 +1,44 @@
+# One command each: make test, make lint, make demo, make bench. Each creates or refreshes .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: all venv lint test test-fast demo bench redis clean
+
+all: lint test
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP)
+
+redis:
+	@bash ops/scripts/ensure-redis.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy kernel store router worker ops examples
+
+# The whole suite, chaos runs included (CI runs exactly this).
+test: venv redis lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# For a quick local loop: skips the runs marked slow.
+test-fast: venv redis
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: venv
+	$(VENV)/bin/reins demo
+
+bench: venv redis
+	@for b in kernel ring admitter; do $(VENV)/bin/reins bench $$b --json; done
+
+clean:
+	rm -rf $(VENV) .reins .pytest_cache .mypy_cache .ruff_cache

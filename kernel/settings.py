@@ -1,0 +1,54 @@
+"""Settings: one typed object, read from an environment mapping the caller passes in.
+
+The kernel does no I/O, so it never reads ``os.environ`` itself: the boot step of a process
+calls ``Settings.from_env(os.environ)``. Every ``REINS_*`` variable must be known; an unknown
+one or an unparsable value fails loudly, naming the variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kernel.errors import ConfigError
+
+PREFIX = "REINS_"
+
+
+class Settings(BaseModel):
+    """Process-wide settings; each field maps to ``REINS_<FIELD>`` in the environment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="the store's Redis")
+    broker_url: str = Field("redis://127.0.0.1:6379/1", description="Celery's broker")
+    key_prefix: str = Field("reins", min_length=1, description="prefix of every Redis key")
+    sqlite_path: str = Field(".reins/reins.db", description="embedded store file")
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_timeout_s: float = Field(5.0, gt=0)
+    visibility_timeout_s: float = Field(300.0, gt=0)
+    redis_retry_attempts: int = Field(5, ge=1, le=50)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Build settings from ``REINS_*`` variables; refuse unknown names and bad values."""
+        values: dict[str, Any] = {}
+        known = set(cls.model_fields)
+        for name, raw in env.items():
+            if not name.startswith(PREFIX):
+                continue
+            field = name[len(PREFIX) :].lower()
+            if field not in known:
+                raise ConfigError(
+                    f"{name} is not a reins setting; known: "
+                    + ", ".join(sorted(PREFIX + k.upper() for k in known))
+                )
+            values[field] = raw
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            var = PREFIX + str(first["loc"][0]).upper() if first["loc"] else PREFIX
+            raise ConfigError(f"{var}: {first['msg']}") from None

@@ -1,0 +1,35 @@
+"""Benchmarks: ``reins bench NAME`` runs ``ops.bench.NAME.run()``, which returns one JSON object.
+
+Each benchmark measures reins side by side with a named peer in the same run and reports
+ratios, because these machines are shared and noisy. Timing is never asserted in a test.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from kernel.errors import InvalidInput
+
+BENCHMARKS = {
+    "kernel": "ops.bench.kernel",
+    "ring": "ops.bench.ring",
+    "admitter": "ops.bench.admitter",
+    "store": "ops.bench.store",
+}
+
+
+def load(name: str) -> Callable[..., dict[str, Any]]:
+    """Return the ``run`` function of benchmark NAME, or refuse an unknown name."""
+    module = BENCHMARKS.get(name)
+    if module is None:
+        raise InvalidInput(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            raise InvalidInput(f"benchmark {name!r} is not built yet") from None
+        raise
+    run: Callable[..., dict[str, Any]] = mod.run
+    return run

@@ -1,0 +1,69 @@
+"""The ``reins`` command line: run, demo, bench, ring."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kernel.errors import ReinsError
+from ops import bench as benchmarks
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+console = Console()
+err_console = Console(stderr=True)
+
+
+@app.command("bench")
+def bench_cmd(
+    name: str = typer.Argument(..., help="benchmark: " + ", ".join(benchmarks.BENCHMARKS)),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    quick: bool = typer.Option(False, "--quick", help="a smaller run, for a smoke test"),
+) -> None:
+    """Run one benchmark side by side with its peer and print the figures."""
+    run = benchmarks.load(name)
+    with console.status(f"running bench {name} ...", spinner="dots") if not as_json else _null():
+        result = run(quick=quick)
+    if as_json:
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+        return
+    table = Table(title=f"reins bench {name}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        table.add_row(key, f"{value:,.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _register_subcommands() -> None:
+    """Attach the sub-applications; each lives in its own module."""
+
+
+def main() -> None:
+    """Entry point: run the CLI and turn reins errors into a one-line message and exit 2."""
+    _register_subcommands()
+    try:
+        app(standalone_mode=False)
+    except ReinsError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise SystemExit(2) from None
+    except typer.Abort:
+        raise SystemExit(1) from None
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        raise
