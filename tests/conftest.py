@@ -1,1 +1,35 @@
-"""Shared fixtures."""
+"""Shared fixtures: an isolated key prefix on the running Redis, cleaned up after each test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+REDIS_URL = os.environ.get("REINS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    """A client to the running Redis (127.0.0.1:6379 unless REINS_TEST_REDIS_URL says)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:  # pragma: no cover - make test starts Redis
+        pytest.fail(f"Redis is not running at {REDIS_URL}: run 'make redis' ({exc})")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
+    """A prefix no other test uses; every key under it is deleted after the test."""
+    prefix = f"reins-test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    keys = list(redis_client.scan_iter(match=f"{prefix}*", count=1000))
+    keys += list(redis_client.scan_iter(match=f"{{{prefix}*", count=1000))
+    if keys:
+        redis_client.delete(*keys)
