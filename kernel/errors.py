@@ -111,3 +111,7 @@ class CorruptSnapshot(StoreError):
 
 class RingError(InvalidInput):
     """A placement request the ring cannot serve (empty ring, unknown or duplicate member)."""
+
+
+class UnsupportedSchema(InvalidInput):
+    """A record whose schema version this build does not know; it is left as it is."""

@@ -1,0 +1,108 @@
+"""Amounts over the cumulative budget dimensions, and model prices.
+
+Money is a ``Decimal`` of dollars so that every figure an auditor reads is exact; counts are
+integers. Prices are dollars per million tokens, as providers publish them.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MILLION = Decimal(1_000_000)
+ZERO = Decimal(0)
+
+
+class Dimension(StrEnum):
+    """A cumulative budget dimension; each has its own account in the ledger."""
+
+    STEPS = "steps"
+    TOOL_CALLS = "tool_calls"
+    TOKENS = "tokens"
+    DOLLARS = "dollars"
+
+
+class Amounts(BaseModel):
+    """A vector over the cumulative dimensions: a liability, a usage or a reserve."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: int = Field(0, ge=0)
+    tool_calls: int = Field(0, ge=0)
+    tokens: int = Field(0, ge=0)
+    dollars: Decimal = Field(ZERO, ge=0)
+
+    def get(self, dim: Dimension) -> int | Decimal:
+        """The component for one dimension."""
+        value: int | Decimal = getattr(self, dim.value)
+        return value
+
+    def plus(self, other: Amounts) -> Amounts:
+        """Componentwise sum."""
+        return Amounts(
+            steps=self.steps + other.steps,
+            tool_calls=self.tool_calls + other.tool_calls,
+            tokens=self.tokens + other.tokens,
+            dollars=self.dollars + other.dollars,
+        )
+
+    def fits_within(self, other: Amounts) -> bool:
+        """True when every component is at most the other's."""
+        return all(self.get(d) <= other.get(d) for d in Dimension)
+
+
+NOTHING = Amounts()
+
+
+class ModelPrice(BaseModel):
+    """Prices of one model, in dollars per million tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_per_m: Decimal = Field(..., ge=0)
+    cached_input_per_m: Decimal = Field(..., ge=0)
+    output_per_m: Decimal = Field(..., ge=0)
+
+
+class Usage(BaseModel):
+    """Usage a provider reported for one call: disjoint input categories plus output."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uncached_input: int = Field(0, ge=0)
+    cached_input: int = Field(0, ge=0)
+    output: int = Field(0, ge=0)
+
+    @property
+    def total(self) -> int:
+        """Every token the call consumed, cached input counted in full."""
+        return self.uncached_input + self.cached_input + self.output
+
+
+def model_call_liability(price: ModelPrice, input_tokens: int, output_cap: int) -> Amounts:
+    """Equation 2 of seed 004: the whole prompt at the undiscounted input price plus the
+    full output allowance; one step; the token meter sees the input plus the output cap."""
+    dollars = (price.input_per_m * input_tokens + price.output_per_m * output_cap) / MILLION
+    return Amounts(steps=1, tokens=input_tokens + output_cap, dollars=dollars)
+
+
+def model_call_charge(price: ModelPrice, usage: Usage) -> Amounts:
+    """The settled charge of one call: cached input at the cached price (seed 004 10.9.3)."""
+    dollars = (
+        price.input_per_m * usage.uncached_input
+        + price.cached_input_per_m * usage.cached_input
+        + price.output_per_m * usage.output
+    ) / MILLION
+    return Amounts(steps=1, tokens=usage.total, dollars=dollars)
+
+
+def tool_call_liability(dollar_bound: Decimal) -> Amounts:
+    """A tool call's liability: one tool call and the dollar bound its declaration gives."""
+    return Amounts(tool_calls=1, dollars=dollar_bound)
+
+
+def tool_call_charge(dollars: Decimal) -> Amounts:
+    """The settled charge of one tool call."""
+    return Amounts(tool_calls=1, dollars=dollars)

@@ -1,0 +1,184 @@
+"""The ledger: what makes a budget a hard ceiling.
+
+Per cumulative dimension it keeps the allowance, the settled ``actual``, the ``reserved`` sum of
+outstanding reservations and the protected finalization ``reserve``. Admission is
+bounded-liability admission (seed 004 equation 1, componentwise)::
+
+    actual + reserved + liability + reserve <= allowance
+
+(the reserve term is dropped only in FINALIZING, which is what the reserve is for). Only
+evidence settles or releases a reservation: there is no "release on timeout" method, by design.
+Methods mutate the ledger in place; the kernel always works on its own copy of a record.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernel.amounts import ZERO, Amounts, Dimension
+from kernel.budget import Budget
+from kernel.errors import AdmissionRefused, InvalidInput, UnknownReference
+
+
+class CountAccount(BaseModel):
+    """One integer dimension (steps, tool calls, tokens)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    allowance: int = Field(..., ge=0)
+    actual: int = 0
+    reserved: int = 0
+    reserve: int = 0
+
+
+class MoneyAccount(BaseModel):
+    """The dollar dimension, exact to the cent fraction."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    allowance: Decimal = Field(..., ge=0)
+    actual: Decimal = ZERO
+    reserved: Decimal = ZERO
+    reserve: Decimal = ZERO
+
+
+Account = CountAccount | MoneyAccount
+
+
+class Ledger(BaseModel):
+    """Accounts per dimension plus the outstanding reservations by operation id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: CountAccount
+    tool_calls: CountAccount
+    tokens: CountAccount
+    dollars: MoneyAccount
+    reservations: dict[str, Amounts] = Field(default_factory=dict)
+
+    @classmethod
+    def open(cls, budget: Budget) -> Ledger:
+        """A fresh ledger with the budget's allowances and finalization reserve."""
+        r = budget.reserve
+        return cls(
+            steps=CountAccount(allowance=budget.max_steps, reserve=r.steps),
+            tool_calls=CountAccount(allowance=budget.max_tool_calls, reserve=r.tool_calls),
+            tokens=CountAccount(allowance=budget.max_tokens, reserve=r.tokens),
+            dollars=MoneyAccount(allowance=budget.max_cost, reserve=r.dollars),
+        )
+
+    def account(self, dim: Dimension) -> Account:
+        """The account of one dimension."""
+        acct: Account = getattr(self, dim.value)
+        return acct
+
+    # --- reading -------------------------------------------------------------------------
+
+    def headroom(self, dim: Dimension, *, finalizing: bool = False) -> int | Decimal:
+        """What a new liability may still take in this dimension (equation 1 rearranged)."""
+        a = self.account(dim)
+        protected = 0 if finalizing else a.reserve
+        return a.allowance - a.actual - a.reserved - protected
+
+    def spend_check_headroom(self, dim: Dimension) -> int | Decimal:
+        """What a naive spend check would see: allowance minus settled spend only."""
+        a = self.account(dim)
+        return a.allowance - a.actual
+
+    def first_misfit(self, liability: Amounts, *, finalizing: bool = False) -> Dimension | None:
+        """The first dimension in which the liability does not fit, or None if it fits."""
+        for dim in Dimension:
+            needed = liability.get(dim)
+            if needed and needed > self.headroom(dim, finalizing=finalizing):
+                return dim
+        return None
+
+    def fits(self, liability: Amounts, *, finalizing: bool = False) -> bool:
+        """True when bounded-liability admission would admit this liability."""
+        return self.first_misfit(liability, finalizing=finalizing) is None
+
+    def used_fraction(self, dim: Dimension) -> float:
+        """Settled plus reserved over the allowance (seed 004 10.9.4 counts reservations)."""
+        a = self.account(dim)
+        if not a.allowance:
+            return 1.0
+        return float((a.actual + a.reserved) / a.allowance)
+
+    def outstanding(self) -> Amounts:
+        """The sum of outstanding reservations."""
+        return Amounts(
+            steps=self.steps.reserved,
+            tool_calls=self.tool_calls.reserved,
+            tokens=self.tokens.reserved,
+            dollars=self.dollars.reserved,
+        )
+
+    def settled(self) -> Amounts:
+        """The settled consumption."""
+        return Amounts(
+            steps=self.steps.actual,
+            tool_calls=self.tool_calls.actual,
+            tokens=self.tokens.actual,
+            dollars=self.dollars.actual,
+        )
+
+    # --- writing -------------------------------------------------------------------------
+
+    def admit(self, op_id: str, liability: Amounts, *, finalizing: bool = False) -> None:
+        """Reserve ``liability`` for operation ``op_id`` or raise :class:`AdmissionRefused`.
+
+        After a successful call the reservation is outstanding until :meth:`settle`; on refusal
+        nothing changed.
+        """
+        if op_id in self.reservations:
+            raise InvalidInput(f"operation {op_id} already holds a reservation")
+        dim = self.first_misfit(liability, finalizing=finalizing)
+        if dim is not None:
+            raise AdmissionRefused(
+                dim.value, liability.get(dim), self.headroom(dim, finalizing=finalizing)
+            )
+        self.reservations[op_id] = liability
+        for d in Dimension:
+            amount = liability.get(d)
+            if amount:
+                acct = self.account(d)
+                acct.reserved += amount
+
+    def settle(self, op_id: str, usage: Amounts, *, final: bool = True) -> Amounts:
+        """Record evidence of ``usage`` against the reservation of ``op_id``.
+
+        The usage moves into ``actual``. With ``final`` (terminal billing evidence) the whole
+        reservation is released; otherwise the reservation shrinks by the usage and the rest
+        stays owed. Returns what went back to headroom: the reservation less the usage on a
+        final settlement, nothing on a partial one. Missing usage is not a reason to call this:
+        a reservation without evidence stays where it is.
+        """
+        held = self.reservations.get(op_id)
+        if held is None:
+            raise UnknownReference(f"no reservation for operation {op_id}")
+        if final:
+            remaining = None
+            consumed = held
+        else:
+            remaining = _clamped_minus(held, usage)
+            consumed = _clamped_minus(held, remaining)
+        for d in Dimension:
+            acct = self.account(d)
+            acct.actual += usage.get(d)
+            acct.reserved -= consumed.get(d)
+        if remaining is None:
+            del self.reservations[op_id]
+            return _clamped_minus(held, usage)
+        self.reservations[op_id] = remaining
+        return Amounts()
+
+
+def _clamped_minus(a: Amounts, b: Amounts) -> Amounts:
+    return Amounts(
+        steps=max(0, a.steps - b.steps),
+        tool_calls=max(0, a.tool_calls - b.tool_calls),
+        tokens=max(0, a.tokens - b.tokens),
+        dollars=max(ZERO, a.dollars - b.dollars),
+    )

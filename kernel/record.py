@@ -1,0 +1,268 @@
+"""The trajectory record: the per-trajectory control state that only reins writes.
+
+Field groups follow seed 004 table 2: identity and task, control, continuation (plan, facts,
+last observation), limits and accounting (budget, ledger, clocks), authority (grants),
+invocations and obligations (the operation table), held approval. The model never supplies any
+field: identity comes from the application, facts only from allow-listed tool-result fields.
+
+The JSON form round-trips exactly and carries ``schema_version``; a record of an unknown
+schema version is refused on load, never coerced.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernel.amounts import Amounts
+from kernel.budget import Budget
+from kernel.errors import UnsupportedSchema
+from kernel.ledger import Ledger
+from kernel.states import LifecycleState, StopReason
+
+SCHEMA_VERSION = 1
+
+JsonScalar = str | int | float | bool | None
+
+
+class StepStatus(StrEnum):
+    """Status of one plan step."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class PlanStep(BaseModel):
+    """One step of the live plan: a tool, its prerequisites and its status."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    tool: str
+    depends_on: list[str] = Field(default_factory=list)
+    status: StepStatus = StepStatus.PENDING
+
+
+class OpKind(StrEnum):
+    """What an operation calls."""
+
+    MODEL = "model"
+    TOOL = "tool"
+
+
+class OpStatus(StrEnum):
+    """Where an operation stands in its settlement lifecycle."""
+
+    REGISTERED = "registered"  # admitted and reserved; may be in flight
+    UNKNOWN = "unknown"  # a deadline passed without evidence; the reservation stays
+    SETTLED = "settled"  # evidence arrived and settled the reservation
+    HANDED_OFF = "handed_off"  # transferred to a named owner with evidence and reservation
+
+
+class Operation(BaseModel):
+    """One entry of the operation table: a registered model or tool call (seed 004 10.3)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    op_id: str
+    call_id: str
+    kind: OpKind
+    attempts: list[str]
+    idempotency_key: str
+    epoch: int
+    reservation: Amounts
+    settlement_owner: str = "kernel"
+    status: OpStatus = OpStatus.REGISTERED
+    eligible: bool = True
+    tool: str | None = None
+    args: dict[str, Any] | None = None
+    plan_step: str | None = None
+    evidence: dict[str, Any] | None = None
+
+    @property
+    def open(self) -> bool:
+        """True while the operation still owes a settlement."""
+        return self.status in (OpStatus.REGISTERED, OpStatus.UNKNOWN)
+
+
+class ApprovalStatus(StrEnum):
+    """Where a held proposal stands."""
+
+    HELD = "held"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+
+
+class HeldProposal(BaseModel):
+    """An exact proposed action frozen for review (approval escrow, seed 004 10.7)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approval_id: str
+    held_version: int
+    plan_revision: int
+    expires_at: float
+    digest: str
+    tool: str
+    args: dict[str, Any]
+    plan_step: str | None = None
+    call_key: str
+    status: ApprovalStatus = ApprovalStatus.HELD
+
+
+class ControlKind(StrEnum):
+    """Control actions an authorised operator may request (seed 004 table 6)."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    KILL = "kill"
+    INTERRUPT = "interrupt"
+
+
+class PendingControl(BaseModel):
+    """A control hold that blocks admission until it is carried out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: ControlKind
+    request_id: str
+    requested_by: str
+    at: float
+
+
+class Grants(BaseModel):
+    """Which tools a trajectory may use; checked at every admission, whatever the model says."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[str] | None = None  # None: every tool of the agent profile
+    read_only: bool = False  # a freeze: no write tool is dispatched
+    denied_targets: list[str] = Field(default_factory=list)
+
+    def allows(self, tool: str, is_write: bool, target: str | None = None) -> bool:
+        """True when a call to ``tool`` (on ``target``) is within the grants."""
+        if self.tools is not None and tool not in self.tools:
+            return False
+        if is_write and self.read_only:
+            return False
+        return not (target is not None and target in self.denied_targets)
+
+
+class ErrorStreak(BaseModel):
+    """The same recoverable error kind, counted while it repeats in a row."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str | None = None
+    count: int = 0
+
+
+class TrajectoryRecord(BaseModel):
+    """The authoritative control state of one trajectory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    # identity and task: set by the application, never by the model
+    trajectory_id: str
+    tenant: str
+    user: str
+    parent_id: str | None = None
+    goal: str
+    agent: str
+    # control
+    state: LifecycleState = LifecycleState.READY
+    record_version: int = 1
+    control_epoch: int = 0
+    pending_control: PendingControl | None = None
+    stop_reason: StopReason | None = None
+    closing_message: str | None = None
+    # continuation
+    plan: list[PlanStep] = Field(default_factory=list)
+    plan_revision: int = 0
+    facts: dict[str, JsonScalar] = Field(default_factory=dict)
+    last_observation: dict[str, Any] | None = None
+    # limits and accounting
+    budget: Budget
+    ledger: Ledger
+    submitted_at: float
+    active_s: float = 0.0
+    # progress evidence
+    seen: dict[str, int] = Field(default_factory=dict)
+    stalls: int = 0
+    error_streak: ErrorStreak = Field(default_factory=ErrorStreak)
+    # authority, obligations, held approval
+    grants: Grants = Field(default_factory=Grants)
+    operations: dict[str, Operation] = Field(default_factory=dict)
+    held: HeldProposal | None = None
+    approval_requests: int = 0
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        trajectory_id: str,
+        tenant: str,
+        user: str,
+        goal: str,
+        agent: str,
+        budget: Budget,
+        now: float,
+        parent_id: str | None = None,
+        grants: Grants | None = None,
+    ) -> TrajectoryRecord:
+        """A new record at version 1 in READY, its ledger opened from the budget."""
+        return cls(
+            trajectory_id=trajectory_id,
+            tenant=tenant,
+            user=user,
+            goal=goal,
+            agent=agent,
+            parent_id=parent_id,
+            budget=budget,
+            ledger=Ledger.open(budget),
+            submitted_at=now,
+            grants=grants or Grants(),
+        )
+
+    # --- serialisation ---------------------------------------------------------------------
+
+    def to_json(self) -> bytes:
+        """The canonical JSON bytes of the record."""
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> TrajectoryRecord:
+        """Parse a record; refuse one whose schema version this build does not know."""
+        raw = json.loads(data)
+        version = raw.get("schema_version") if isinstance(raw, dict) else None
+        if version != SCHEMA_VERSION:
+            tid = raw.get("trajectory_id", "?") if isinstance(raw, dict) else "?"
+            raise UnsupportedSchema(
+                f"trajectory {tid}: schema version {version!r} is not supported "
+                f"(this build reads version {SCHEMA_VERSION})"
+            )
+        return cls.model_validate(raw)
+
+    # --- derived views -------------------------------------------------------------------
+
+    @property
+    def open_operations(self) -> list[Operation]:
+        """Operations that still owe a settlement, in registration order."""
+        return [op for op in self.operations.values() if op.open]
+
+    def settled_dollars(self) -> Decimal:
+        """Settled spend in dollars."""
+        return self.ledger.dollars.actual
+
+    def liability_outstanding(self) -> Amounts:
+        """The sum of outstanding reservations."""
+        return self.ledger.outstanding()
