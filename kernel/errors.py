@@ -115,3 +115,39 @@ class RingError(InvalidInput):
 
 class UnsupportedSchema(InvalidInput):
     """A record whose schema version this build does not know; it is left as it is."""
+
+
+class StaleNomination(ControlFlow):
+    """An admitter nomination whose call left the head of its queue or no longer fits its credit."""
+
+
+class EmptyRing(RingError):
+    """A lookup on a ring with no member that may take new placements (none, or all draining)."""
+
+
+class DuplicateMember(RingError):
+    """A member added to a ring that already holds a member of that name."""
+
+
+class UnknownMember(RingError):
+    """A member named in a ring or membership operation that is not there."""
+
+
+class InvalidWeight(RingError):
+    """A member weight that is not a finite positive number."""
+
+
+class InvalidMemberName(RingError):
+    """A member name that is empty, too long, or holds whitespace or unprintable characters."""
+
+
+class SnapshotExists(ConcurrentModification):
+    """A create lost: this tenant already holds a snapshot with this trajectory id."""
+
+    def __init__(self, trajectory_id: str, current_version: int) -> None:
+        super().__init__(trajectory_id, 0, current_version)
+        self.args = (f"trajectory {trajectory_id} already exists (at version {current_version})",)
+
+
+class StoreUnavailable(StoreError):
+    """The store stayed unreachable through bounded retries; the message says what is unknown."""

@@ -196,6 +196,10 @@ class TrajectoryRecord(BaseModel):
     submitted_at: float
     active_s: float = 0.0
     # progress evidence
+    turn: int = 0  # model calls admitted so far (the seeds' "steps")
+    turn_signature: str | None = None  # the progress signature when this turn was admitted
+    tool_dispatches: int = 0  # tool call attempts sent so far
+    chain_length: int = 0  # rows written to the execution chain
     seen: dict[str, int] = Field(default_factory=dict)
     stalls: int = 0
     error_streak: ErrorStreak = Field(default_factory=ErrorStreak)

@@ -48,6 +48,9 @@ class _null:
 
 def _register_subcommands() -> None:
     """Attach the sub-applications; each lives in its own module."""
+    from ops import cli_run
+
+    cli_run.register(app)
 
 
 def main() -> None:

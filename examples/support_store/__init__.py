@@ -1,0 +1,124 @@
+"""The support-store refund agent of the seeds, as an agent module a user would copy.
+
+Run it: ``reins run examples.support_store:agent --goal "refund the damaged item on order
+ord_1001"``.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from examples.support_store.backend import AUTO_LIMIT, SupportStoreBackend
+from examples.support_store.policies import RefundPolicy
+from kernel.agent import AgentProfile, ModelRef
+from kernel.amounts import ModelPrice
+from kernel.budget import Budget
+from kernel.tools import Catalog, DeclaredTool, OnUnknown, ToolKind, tool
+from worker.agents import AgentModule
+
+
+class OrderArgs(BaseModel):
+    """Arguments naming one order."""
+
+    order_id: str = Field(min_length=1)
+
+
+class SearchArgs(BaseModel):
+    """A policy search."""
+
+    q: str = ""
+    order_id: str | None = None
+
+
+class RefundArgs(BaseModel):
+    """A refund of some cents on one order."""
+
+    order_id: str = Field(min_length=1)
+    amount_cents: int = Field(gt=0)
+    reason: str = "unspecified"
+
+
+def _over_limit(args: Any) -> bool:
+    return int(args.get("amount_cents", 0)) > AUTO_LIMIT
+
+
+@tool(OrderArgs, facts=("order_status", "total_cents", "refunded_cents"), fact_key="order_id")
+def get_order(order_id: str) -> None:
+    """Read an order's status, total and refunded amount."""
+
+
+@tool(SearchArgs)
+def search_policy(q: str = "") -> None:
+    """Search the store's return policy."""
+
+
+def refund_tool(on_unknown: OnUnknown = OnUnknown.STOP) -> DeclaredTool:
+    """The refund declaration; a variant may resolve unknown outcomes another way."""
+
+    @tool(
+        RefundArgs,
+        kind=ToolKind.WRITE,
+        needs_approval=_over_limit,
+        facts=("refunded_cents",),
+        fact_key="order_id",
+        on_unknown=on_unknown,
+        deduplicates=True,
+        liability=Decimal(0),
+        done_text="your refund was issued",
+        not_done_text="the refund was not issued",
+    )
+    def issue_refund(order_id: str, amount_cents: int, reason: str = "") -> None:
+        """Refund part of an order; above the automatic limit it needs approval."""
+
+    return issue_refund
+
+
+def email_tool(on_unknown: OnUnknown = OnUnknown.STOP) -> DeclaredTool:
+    """The status e-mail declaration."""
+
+    @tool(
+        OrderArgs,
+        kind=ToolKind.WRITE,
+        facts=("sent",),
+        fact_key="order_id",
+        on_unknown=on_unknown,
+        deduplicates=True,
+        done_text="the confirmation email was sent",
+        not_done_text="the confirmation email was not sent",
+    )
+    def send_status_email(order_id: str) -> None:
+        """E-mail the customer the order's status."""
+
+    return send_status_email
+
+
+PRICE = ModelPrice(
+    input_per_m=Decimal(3), cached_input_per_m=Decimal("0.30"), output_per_m=Decimal(15)
+)
+
+
+def make_agent(
+    name: str = "support_store",
+    on_unknown: OnUnknown = OnUnknown.STOP,
+    budget: Budget | None = None,
+) -> AgentModule:
+    """Build the agent module; tests vary the unknown-outcome rule and the budget."""
+    tools = [get_order, search_policy, refund_tool(on_unknown), email_tool(on_unknown)]
+    profile = AgentProfile(
+        name=name,
+        model=ModelRef(provider="scripted", name="refund-policy", price=PRICE),
+        catalog=Catalog.of(t.spec for t in tools),
+        budget=budget or Budget(),
+    )
+    return AgentModule(
+        profile=profile,
+        make_backend=SupportStoreBackend,
+        make_policy=RefundPolicy.from_goal,
+    )
+
+
+agent = make_agent()
+agent_lookup = make_agent("support_store_lookup", on_unknown=OnUnknown.LOOKUP)

@@ -1,0 +1,74 @@
+"""Scripted model policies for the support store (the seeds' model stand-ins)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+PLAN = [
+    {"id": "s1", "tool": "get_order", "depends_on": []},
+    {"id": "s2", "tool": "issue_refund", "depends_on": ["s1"]},
+    {"id": "s3", "tool": "send_status_email", "depends_on": ["s2"]},
+]
+
+
+class RefundPolicy:
+    """Handles 'refund the damaged item and confirm by email' from the view it is shown."""
+
+    def __init__(self, order: str = "ord_1001", amount: int = 3000, latency: float = 1.5):
+        self.order, self.amount, self.latency = order, amount, latency
+
+    @classmethod
+    def from_goal(cls, goal: str, latency: float = 1.5) -> RefundPolicy:
+        """Read the order and the amount from the goal; 3,000 cents when it names none."""
+        order = re.search(r"ord_\d+", goal)
+        amount = re.search(r"(\d+)\s*cents", goal)
+        return cls(
+            order=order.group(0) if order else "ord_1001",
+            amount=int(amount.group(1)) if amount else 3000,
+            latency=latency,
+        )
+
+    def __call__(self, view: dict[str, Any], i: int) -> tuple[dict[str, Any], float]:
+        facts, o = view["facts"], self.order
+        if not view["plan"]:
+            return {"type": "plan", "steps": PLAN}, self.latency
+        done = {s["id"] for s in view["plan"] if s["status"] == "done"}
+        if f"{o}.total_cents" not in facts:
+            call = {"name": "get_order", "args": {"order_id": o}, "plan_step": "s1"}
+        elif "s2" not in done:
+            args = {"order_id": o, "amount_cents": self.amount, "reason": "damaged"}
+            call = {"name": "issue_refund", "args": args, "plan_step": "s2"}
+        elif f"{o}.sent" not in facts:
+            call = {"name": "send_status_email", "args": {"order_id": o}, "plan_step": "s3"}
+        else:
+            final = {
+                "type": "final",
+                "outcome": "completed",
+                "text": "Refund issued and confirmation sent.",
+            }
+            return final, self.latency
+        return {"type": "tool", **call}, self.latency
+
+
+class Fn:
+    """A policy from a function of (view, call number), at a fixed latency."""
+
+    def __init__(self, fn: Any, latency: float = 1.5) -> None:
+        self.fn, self.latency = fn, latency
+
+    def __call__(self, view: dict[str, Any], i: int) -> tuple[Any, float]:
+        return self.fn(view, i), self.latency
+
+
+same_call = Fn(lambda v, i: {"type": "tool", "name": "get_order", "args": {"order_id": "ord_9999"}})
+new_ids = Fn(
+    lambda v, i: {"type": "tool", "name": "get_order", "args": {"order_id": f"ord_{9000 + i}"}}
+)
+search_loop = Fn(
+    lambda v, i: {
+        "type": "tool",
+        "name": "search_policy",
+        "args": {"order_id": "x", "q": f"returns policy {i}"},
+    }
+)

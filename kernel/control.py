@@ -1,0 +1,228 @@
+"""Control actions, approval decisions and the passing of time.
+
+Pause enters PAUSED only from READY: from a live call or wait it sets a hold, withdraws
+eligibility, advances the control epoch, ends the wait and steps READY -> PAUSED under the same
+hold, all in one step, so there is no moment at which work could be admitted (seed 004 10.4.3).
+Withdrawal never refunds: outstanding operations keep their reservations until evidence.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from kernel.amounts import tool_call_liability
+from kernel.chain import RowKind
+from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
+from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue
+from kernel.lifecycle import Cause
+from kernel.record import ApprovalStatus, ControlKind, PendingControl
+from kernel.states import LIVE, LifecycleState, StopReason
+from kernel.step import Turn
+
+S = LifecycleState
+
+
+def _withdraw(turn: Turn) -> None:
+    """Withdraw every outstanding claim on results: eligibility off, epoch forward."""
+    rec = turn.rec
+    any_open = False
+    for op in rec.operations.values():
+        if op.eligible:
+            op.eligible = False
+            any_open = True
+            if op.open:
+                turn.commands.append(CancelCall(call_id=op.call_id))
+    if any_open:
+        rec.control_epoch += 1
+    if rec.held is not None and rec.held.status is ApprovalStatus.HELD:
+        rec.held.status = ApprovalStatus.WITHDRAWN
+
+
+def _step_down(turn: Turn) -> None:
+    """From a live call, wait or hold, back to READY (explicit withdrawal)."""
+    rec = turn.rec
+    if rec.state in (S.CALLING_MODEL, S.WAITING_TOOL, S.AWAITING_APPROVAL):
+        _withdraw(turn)
+        turn.move(S.READY, Cause.WITHDRAWN)
+
+
+def carry_out_hold(turn: Turn) -> None:
+    """Carry out the pending control hold on a trajectory that is (now) READY."""
+    rec = turn.rec
+    pc = rec.pending_control
+    if pc is None:
+        return
+    if pc.kind is ControlKind.PAUSE:
+        if rec.state is S.READY:
+            turn.move(S.PAUSED, Cause.PAUSE)
+    elif pc.kind in (ControlKind.CANCEL, ControlKind.KILL):
+        rec.pending_control = None
+        turn.stop(StopReason.CANCELED if pc.kind is ControlKind.CANCEL else StopReason.KILLED)
+
+
+def on_control(turn: Turn, ev: ControlRequested) -> None:
+    """Pause, resume, cancel, kill or interrupt; each recorded in the chain."""
+    rec = turn.rec
+    if rec.state not in LIVE:
+        raise IllegalTransition(rec.state.value, ev.kind.value, ev.request_id, "run has ended")
+    hold = PendingControl(
+        kind=ev.kind, request_id=ev.request_id, requested_by=ev.requested_by, at=ev.now
+    )
+    turn.row(
+        RowKind.CONTROL,
+        outcome=ev.kind.value,
+        detail={"request_id": ev.request_id, "by": ev.requested_by},
+    )
+    if ev.kind is ControlKind.PAUSE:
+        if rec.state is S.PAUSED:
+            turn.rows.pop()
+            rec.chain_length -= 1
+            turn.note = "already paused"
+            return
+        rec.pending_control = hold
+        _step_down(turn)
+        turn.move(S.PAUSED, Cause.PAUSE)
+    elif ev.kind is ControlKind.RESUME:
+        if rec.state is not S.PAUSED:
+            raise IllegalTransition(rec.state.value, S.READY.value, ev.request_id, "not paused")
+        rec.pending_control = None
+        turn.move(S.READY, Cause.RESUME)
+        turn.commands.append(Enqueue())
+    elif ev.kind in (ControlKind.CANCEL, ControlKind.KILL):
+        rec.pending_control = hold
+        _withdraw(turn)
+        if ev.kind is ControlKind.KILL:
+            for op in rec.operations.values():
+                if op.open and op.call_id not in {
+                    c.call_id for c in turn.commands if isinstance(c, CancelCall)
+                }:
+                    turn.commands.append(CancelCall(call_id=op.call_id))
+        rec.pending_control = None
+        turn.stop(StopReason.CANCELED if ev.kind is ControlKind.CANCEL else StopReason.KILLED)
+    elif ev.kind is ControlKind.INTERRUPT:
+        _step_down(turn)
+        rec.last_observation = {"status": "interrupt", "instructions": ev.instructions or ""}
+        if rec.state is S.READY:
+            turn.commands.append(Enqueue())
+
+
+def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
+    """A reviewer's decision: it must match the held request exactly, and dispatch re-runs
+    the whole admission check; a decision that does not match changes nothing."""
+    rec, agent = turn.rec, turn.ctx.agent
+    held = rec.held
+    if held is None or held.approval_id != ev.approval_id:
+        raise UnknownReference(f"trajectory {rec.trajectory_id}: no approval {ev.approval_id}")
+    if held.held_version != ev.held_version or held.digest != ev.digest:
+        raise UnknownReference(
+            f"approval {ev.approval_id}: decision names version {ev.held_version} and digest "
+            f"{ev.digest[:8]}..., the held request is version {held.held_version} digest "
+            f"{held.digest[:8]}..."
+        )
+    if ev.reviewer not in agent.reviewers:
+        raise UnknownReference(f"approval {ev.approval_id}: {ev.reviewer!r} may not decide")
+    wanted = ApprovalStatus.APPROVED if ev.approve else ApprovalStatus.DENIED
+    if held.status is wanted:
+        turn.note = f"duplicate decision on {ev.approval_id}"
+        return
+    if held.status is not ApprovalStatus.HELD or rec.state is not S.AWAITING_APPROVAL:
+        raise UnknownReference(
+            f"approval {ev.approval_id} is {held.status.value}: "
+            "a late decision is kept for audit only"
+        )
+    if ev.now >= held.expires_at:
+        _expire(turn)
+        return
+    if not ev.approve:
+        held.status = ApprovalStatus.DENIED
+        turn.row(
+            RowKind.APPROVAL,
+            tool=held.tool,
+            outcome="denied",
+            detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
+        )
+        turn.recoverable(
+            "approval_denied",
+            {
+                "status": "error",
+                "code": "approval_denied",
+                "tool": held.tool,
+                "dispatch_status": "not_sent",
+            },
+        )
+        turn.end_turn(Cause.WITHDRAWN)
+        return
+    spec = agent.catalog.get(held.tool)
+    if spec is None:  # pragma: no cover - the catalog is fixed for a run
+        raise UnknownReference(f"tool {held.tool} is not in the catalog")
+    fits = rec.ledger.fits(tool_call_liability(spec.liability or Decimal(0)))
+    clocks_ok = rec.active_s < rec.budget.deadline_s and (
+        ev.now - rec.submitted_at < rec.budget.wall_clock_s
+    )
+    if not fits or not clocks_ok or rec.pending_control is not None:
+        turn.note = "approved, but dispatch does not fit now: the request stays held"
+        return
+    from kernel.fold import _dispatch
+
+    held.status = ApprovalStatus.APPROVED
+    turn.row(
+        RowKind.APPROVAL,
+        tool=held.tool,
+        outcome="approved",
+        detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
+    )
+    try:
+        _dispatch(
+            turn,
+            [(spec, held.args, held.plan_step)],
+            Cause.APPROVED,
+            approval_digest=held.digest,
+            keys=[held.call_key],
+        )
+    except AdmissionRefused:  # pragma: no cover - fits() checked the same terms
+        held.status = ApprovalStatus.HELD
+
+
+def _expire(turn: Turn) -> None:
+    rec = turn.rec
+    held = rec.held
+    assert held is not None
+    held.status = ApprovalStatus.EXPIRED
+    turn.row(
+        RowKind.APPROVAL,
+        tool=held.tool,
+        outcome="expired",
+        detail={"approval_id": held.approval_id},
+    )
+    turn.recoverable(
+        "approval_expired",
+        {
+            "status": "error",
+            "code": "approval_expired",
+            "tool": held.tool,
+            "dispatch_status": "not_sent",
+        },
+    )
+    turn.end_turn(Cause.WITHDRAWN)
+
+
+def on_tick(turn: Turn) -> None:
+    """Time passed: wall-clock limit first, then approval expiry."""
+    rec = turn.rec
+    if rec.state not in LIVE:
+        turn.note = "ended"
+        return
+    if turn.now - rec.submitted_at >= rec.budget.wall_clock_s:
+        _step_down(turn)
+        if rec.state is S.PAUSED:
+            rec.pending_control = None
+        turn.stop(StopReason.WALL_CLOCK)
+        return
+    held = rec.held
+    if (
+        rec.state is S.AWAITING_APPROVAL
+        and held is not None
+        and held.status is ApprovalStatus.HELD
+        and turn.now >= held.expires_at
+    ):
+        _expire(turn)

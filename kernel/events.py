@@ -1,0 +1,176 @@
+"""What goes into the step function (events) and what comes out (commands).
+
+Events are validated facts from outside: a reply, a result, a decision, a control request, the
+passing of time. Commands are what the kernel asks a runner to do; a runner carries them out
+and reports back with events. Model text is only ever a proposal inside a reply event.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernel.amounts import Usage
+from kernel.record import ControlKind
+from kernel.states import LifecycleState, StopReason
+
+
+class ReplyStatus(StrEnum):
+    """The normalised status of one model call (seed 004 table 4)."""
+
+    COMPLETED = "COMPLETED"
+    TRUNCATED = "TRUNCATED"
+    REFUSED = "REFUSED"
+    REJECTED = "REJECTED"
+    CANCELED = "CANCELED"
+    TRANSPORT_FAILURE = "TRANSPORT_FAILURE"
+    FAULTED = "FAULTED"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    now: float  # the injected clock's reading when the event was observed
+
+
+class Admit(_Event):
+    """A request to admit the trajectory's next model call (from the admitter or runner)."""
+
+    type: Literal["admit"] = "admit"
+
+
+class ModelReplied(_Event):
+    """A model call ended. ``content`` is the parsed proposal, or None if there was none."""
+
+    type: Literal["model_replied"] = "model_replied"
+    call_id: str
+    status: ReplyStatus
+    content: Any = None  # the proposal as JSON-like data; validated by the kernel, not here
+    raw: str | None = None  # the raw text, kept for diagnostics
+    usage: Usage | None = None  # None: no usage evidence (the reservation stays)
+    latency_s: float = Field(0.0, ge=0)
+    timed_out: bool = False
+    retry_after_s: float | None = None
+
+
+class ToolResulted(_Event):
+    """A tool call ended: authentic evidence correlated by call and attempt."""
+
+    type: Literal["tool_resulted"] = "tool_resulted"
+    call_id: str
+    attempt_id: str
+    result: dict[str, Any]
+    latency_s: float = Field(0.0, ge=0)
+    charge: Decimal | None = None  # dollars billed; None = no billing evidence
+    looked_up: bool = False  # the answer of a lookup, not of a dispatch
+
+
+class ApprovalDecided(_Event):
+    """A reviewer's decision on a held proposal; it must name id, version and digest."""
+
+    type: Literal["approval_decided"] = "approval_decided"
+    approval_id: str
+    held_version: int
+    digest: str
+    reviewer: str
+    approve: bool
+
+
+class ControlRequested(_Event):
+    """An authenticated operator's control request."""
+
+    type: Literal["control_requested"] = "control_requested"
+    kind: ControlKind
+    request_id: str
+    requested_by: str
+    instructions: str | None = None
+
+
+class Tick(_Event):
+    """Time passed: check the wall clock, wait deadlines and approval expiry."""
+
+    type: Literal["tick"] = "tick"
+
+
+Event = Admit | ModelReplied | ToolResulted | ApprovalDecided | ControlRequested | Tick
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+class _Command(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CallModel(_Command):
+    """Send the view to the model; the call is registered and reserved already."""
+
+    type: Literal["call_model"] = "call_model"
+    call_id: str
+    attempt_id: str
+    view: str
+    max_output_tokens: int
+    timeout_s: float
+
+
+class DispatchTool(_Command):
+    """Run one tool call under its idempotency key; registered and reserved already."""
+
+    type: Literal["dispatch_tool"] = "dispatch_tool"
+    call_id: str
+    attempt_id: str
+    tool: str
+    args: dict[str, Any]
+    idempotency_key: str
+    timeout_s: float
+    approval_digest: str | None = None  # set when a reviewer approved exactly these arguments
+
+
+class LookupEffect(_Command):
+    """Ask the tool's backend whether the effect of ``idempotency_key`` happened."""
+
+    type: Literal["lookup_effect"] = "lookup_effect"
+    call_id: str
+    attempt_id: str
+    tool: str
+    idempotency_key: str
+
+
+class HoldForApproval(_Command):
+    """A proposal is held; tell the reviewers. The trajectory holds no worker meanwhile."""
+
+    type: Literal["hold_for_approval"] = "hold_for_approval"
+    approval_id: str
+    held_version: int
+    digest: str
+    tool: str
+    args: dict[str, Any]
+    expires_at: float
+
+
+class CancelCall(_Command):
+    """Stop a running call (streaming cancellation); its evidence still settles it."""
+
+    type: Literal["cancel_call"] = "cancel_call"
+    call_id: str
+
+
+class Enqueue(_Command):
+    """The trajectory is READY: put it back in its tenant's queue."""
+
+    type: Literal["enqueue"] = "enqueue"
+
+
+class Finish(_Command):
+    """The run ended: the terminal state, the stop reason and the closing message."""
+
+    type: Literal["finish"] = "finish"
+    state: LifecycleState
+    stop: StopReason
+    message: str
+
+
+Command = CallModel | DispatchTool | LookupEffect | HoldForApproval | CancelCall | Enqueue | Finish

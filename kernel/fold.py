@@ -1,0 +1,453 @@
+"""Folding evidence into the record: model replies and tool results.
+
+Every authentic result settles; only a result whose call is still eligible, registered under
+the current control epoch, reaches the model's view (seed 004 listing 2). Only a COMPLETED
+reply can become a proposal (table 4); anything else is an observation or diagnostics.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from kernel.amounts import Amounts, model_call_charge, tool_call_charge, tool_call_liability
+from kernel.chain import RowKind
+from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
+from kernel.events import DispatchTool, HoldForApproval, LookupEffect, ModelReplied, ReplyStatus
+from kernel.events import ToolResulted as ToolResultEvent
+from kernel.lifecycle import Cause
+from kernel.plan import adopt, open_steps, validate_plan
+from kernel.progress import digest, fingerprint
+from kernel.record import HeldProposal, Operation, OpKind, OpStatus, StepStatus
+from kernel.render import bound_result
+from kernel.states import LifecycleState, StopReason
+from kernel.step import MISFIT_STOP, Turn
+from kernel.tools import OnUnknown, ToolKind, ToolSpec
+
+S = LifecycleState
+BUSINESS_ERRORS = frozenset({"not_found", "invalid_state"})
+
+
+# --- model replies ---------------------------------------------------------------------------
+
+
+def on_model_reply(turn: Turn, ev: ModelReplied) -> None:
+    """Settle the call, then route the reply by its status and content."""
+    rec = turn.rec
+    op = rec.operations.get(ev.call_id)
+    if op is None or op.kind is not OpKind.MODEL:
+        raise UnknownReference(f"trajectory {rec.trajectory_id}: no model call {ev.call_id}")
+    if op.evidence is not None:
+        turn.note = f"duplicate reply for {ev.call_id}: already settled"
+        return
+    turn.spend_time(ev.latency_s)
+    attempt = op.attempts[-1]
+    op.evidence = {"status": ev.status.value, "content": ev.content, "raw": ev.raw}
+    if ev.usage is not None:
+        rec.ledger.settle(attempt, model_call_charge(turn.ctx.agent.model.price, ev.usage))
+        op.status = OpStatus.SETTLED
+    else:
+        op.status = OpStatus.UNKNOWN  # no usage evidence: the reservation stays
+    usage = ev.usage
+    turn.row(
+        RowKind.MODEL,
+        call_id=ev.call_id,
+        outcome=ev.status.value,
+        tokens_in=(usage.uncached_input + usage.cached_input) if usage else 0,
+        tokens_out=usage.output if usage else 0,
+        duration_s=ev.latency_s,
+        detail={"timed_out": ev.timed_out} if ev.timed_out else None,
+    )
+    current = rec.state is S.CALLING_MODEL and op.eligible and op.epoch == rec.control_epoch
+    if not current:
+        # The reply outlived its claim (pause, interrupt, cancel): settled, kept as diagnostics.
+        turn.quarantined = IllegalTransition(
+            rec.state.value, "WAITING_TOOL", ev.call_id, "reply is no longer eligible"
+        )
+        op.eligible = False
+        return
+    op.eligible = False
+    if ev.timed_out or rec.active_s >= rec.budget.deadline_s:
+        turn.stop(StopReason.DEADLINE)
+        return
+    if ev.status is not ReplyStatus.COMPLETED:
+        kind = ev.status.value.lower()
+        obs: dict[str, Any] = {"status": "error", "code": f"reply_{kind}"}
+        if ev.retry_after_s is not None:
+            obs["retry_after_s"] = ev.retry_after_s
+        turn.recoverable(f"reply_{kind}", obs)
+        turn.end_turn(Cause.REPLY_OBSERVE)
+        return
+    _route_proposal(turn, ev.content)
+
+
+def _route_proposal(turn: Turn, content: Any) -> None:
+    kind = content.get("type") if isinstance(content, dict) else None
+    if kind == "final":
+        _on_final(turn, content)
+    elif kind == "plan":
+        _on_plan(turn, content.get("steps"))
+    elif kind == "tool":
+        _on_tools(turn, [content])
+    elif kind == "tools" and isinstance(content.get("calls"), list):
+        _on_tools(turn, content["calls"])
+    else:
+        what = "not an object" if not isinstance(content, dict) else f"unknown type {kind!r}"
+        turn.recoverable(
+            "malformed_reply", {"status": "error", "code": "malformed_reply", "detail": what}
+        )
+        turn.end_turn(Cause.REPLY_OBSERVE)
+
+
+def _on_final(turn: Turn, content: dict[str, Any]) -> None:
+    rec = turn.rec
+    outcome = content.get("outcome")
+    pending = open_steps(rec.plan)
+    if outcome == "completed" and pending:
+        turn.recoverable(
+            "plan_incomplete", {"status": "error", "code": "plan_incomplete", "detail": pending}
+        )
+        turn.end_turn(Cause.REPLY_OBSERVE)
+        return
+    if outcome == "completed":
+        turn.stop(StopReason.DONE)
+    else:
+        turn.stop(StopReason.FAILED, f"agent reported {outcome!r}")
+
+
+def _on_plan(turn: Turn, steps: Any) -> None:
+    rec = turn.rec
+    budget = rec.budget
+    replanning = bool(rec.plan)
+    if replanning and rec.plan_revision - 1 >= budget.max_replans:
+        problems = ["a plan is already set"]
+    else:
+        problems = validate_plan(steps, turn.ctx.agent.catalog, budget.max_plan_steps)
+    if problems:
+        turn.recoverable(
+            "invalid_plan", {"status": "error", "code": "invalid_plan", "detail": problems}
+        )
+    else:
+        rec.plan = adopt(steps)
+        rec.plan_revision += 1
+        if replanning:
+            # A revision withdraws the claim of everything proposed under the old plan.
+            rec.control_epoch += 1
+        turn.clear_error_streak()
+        turn.observe({"status": "ok", "code": "plan_accepted", "steps": len(rec.plan)})
+    turn.end_turn(Cause.REPLY_OBSERVE)
+
+
+def _on_tools(turn: Turn, calls: list[Any]) -> None:
+    """Validate each proposed call, then hold, dispatch, or observe; never dispatch twice."""
+    rec, agent = turn.rec, turn.ctx.agent
+    admitted: list[tuple[ToolSpec, dict[str, Any], str | None]] = []
+    for call in calls:
+        if len(admitted) >= rec.budget.max_fanout:
+            break
+        name = call.get("name") if isinstance(call, dict) else None
+        args = call.get("args") if isinstance(call, dict) else None
+        plan_step = call.get("plan_step") if isinstance(call, dict) else None
+        fp = fingerprint(str(name), args)
+        rec.seen[fp] = rec.seen.get(fp, 0) + 1
+        if rec.seen[fp] > rec.budget.max_repeat:
+            turn.stop(StopReason.REPEATED_CALL, f"{name} proposed {rec.seen[fp]} times")
+            return
+        spec = agent.catalog.get(name) if isinstance(name, str) else None
+        if spec is None:
+            turn.recoverable(
+                "unknown_tool", {"status": "error", "code": "unknown_tool", "tool": str(name)}
+            )
+            continue
+        clean, why = spec.validate_args(args)
+        if clean is None:
+            turn.recoverable(
+                "schema_violation", {"status": "error", "code": "schema_violation", "detail": why}
+            )
+            continue
+        if not isinstance(plan_step, str) or not any(s.id == plan_step for s in rec.plan):
+            plan_step = None
+        target = str(clean.get(spec.target_arg)) if spec.target_arg else None
+        if not rec.grants.allows(spec.name, spec.kind is ToolKind.WRITE, target):
+            turn.stop(StopReason.FAILED, f"policy denial: {spec.name} is not granted")
+            return
+        if spec.liability is None:
+            turn.stop(StopReason.FAILED, f"policy denial: {spec.name} has no finite liability")
+            return
+        if spec.needs_approval(clean):
+            _hold(turn, spec, clean, plan_step)
+            return
+        admitted.append((spec, clean, plan_step))
+    if not admitted:
+        turn.end_turn(Cause.REPLY_OBSERVE)
+        return
+    _dispatch(turn, admitted, Cause.REPLY_TOOLS)
+
+
+def call_key(turn: Turn, plan_step: str | None, index: int) -> str:
+    """One key per logical step: a repeated plan step is the same effect, not a new one."""
+    rec = turn.rec
+    if plan_step is not None:
+        return f"{rec.trajectory_id}:{plan_step}"
+    suffix = f".{index}" if index else ""
+    return f"{rec.trajectory_id}:adhoc{rec.turn}{suffix}"
+
+
+def _hold(turn: Turn, spec: ToolSpec, args: dict[str, Any], plan_step: str | None) -> None:
+    """Approval escrow: freeze the exact proposal; dispatch waits for a matching decision."""
+    rec = turn.rec
+    rec.approval_requests += 1
+    approval_id = f"{rec.trajectory_id}/ap{rec.approval_requests}"
+    key = call_key(turn, plan_step, 0)
+    proposal = {
+        "operation": spec.name,
+        "arguments": args,
+        "target": key,
+        "plan_revision": rec.plan_revision,
+    }
+    held = HeldProposal(
+        approval_id=approval_id,
+        held_version=rec.record_version + 1,  # the version the hold commits at
+        plan_revision=rec.plan_revision,
+        expires_at=turn.now + turn.ctx.agent.approval_ttl_s,
+        digest=digest(proposal, size=32),
+        tool=spec.name,
+        args=args,
+        plan_step=plan_step,
+        call_key=key,
+    )
+    rec.held = held
+    turn.move(S.AWAITING_APPROVAL, Cause.REPLY_APPROVAL)
+    turn.row(
+        RowKind.APPROVAL,
+        tool=spec.name,
+        args=args,
+        outcome="held",
+        detail={"approval_id": approval_id, "digest": held.digest},
+    )
+    turn.commands.append(
+        HoldForApproval(
+            approval_id=approval_id,
+            held_version=held.held_version,
+            digest=held.digest,
+            tool=spec.name,
+            args=args,
+            expires_at=held.expires_at,
+        )
+    )
+
+
+def _dispatch(
+    turn: Turn,
+    calls: list[tuple[ToolSpec, dict[str, Any], str | None]],
+    cause: Cause,
+    approval_digest: str | None = None,
+    keys: list[str] | None = None,
+) -> None:
+    """Register and reserve every call, take the edge to WAITING_TOOL, then emit dispatches.
+
+    Raises AdmissionRefused (nothing registered) if the batch does not fit the budget.
+    """
+    rec = turn.rec
+    planned: list[Operation] = []
+    for j, (spec, args, plan_step) in enumerate(calls):
+        call_id = f"{rec.trajectory_id}/t{rec.turn}.{j}"
+        if call_id in rec.operations:
+            call_id = f"{call_id}r{len(rec.operations)}"
+        planned.append(
+            Operation(
+                op_id=call_id,
+                call_id=call_id,
+                kind=OpKind.TOOL,
+                attempts=[f"{call_id}/a1"],
+                idempotency_key=keys[j] if keys else call_key(turn, plan_step, j),
+                epoch=rec.control_epoch,
+                reservation=tool_call_liability(spec.liability or Decimal(0)),
+                tool=spec.name,
+                args=args,
+                plan_step=plan_step,
+            )
+        )
+
+    def register(r: Any) -> None:
+        done: list[str] = []
+        try:
+            for op in planned:
+                r.ledger.admit(op.attempts[0], op.reservation)
+                done.append(op.attempts[0])
+        except AdmissionRefused:
+            for attempt in done:  # not sent: nothing left the process, so nothing is owed
+                r.ledger.settle(attempt, Amounts())
+            raise
+        for op in planned:
+            r.operations[op.op_id] = op
+        r.tool_dispatches += len(planned)
+
+    from kernel.lifecycle import transition
+
+    try:
+        transition(rec, S.WAITING_TOOL, turn.decide(cause), turn.now, admit=register)
+    except AdmissionRefused as refused:
+        from kernel.amounts import Dimension
+
+        turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
+        return
+    timeout = round(rec.budget.deadline_s - rec.active_s, 6)
+    for op, (spec, _args, _step) in zip(planned, calls, strict=True):
+        turn.commands.append(
+            DispatchTool(
+                call_id=op.call_id,
+                attempt_id=op.attempts[0],
+                tool=spec.name,
+                args=op.args or {},
+                idempotency_key=op.idempotency_key,
+                timeout_s=min(spec.timeout_s, timeout),
+                approval_digest=approval_digest,
+            )
+        )
+
+
+# --- tool results -----------------------------------------------------------------------------
+
+
+def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
+    """Settle first; stage for the model only if eligible under the current epoch."""
+    rec = turn.rec
+    op = rec.operations.get(ev.call_id)
+    if op is None or op.kind is not OpKind.TOOL or ev.attempt_id not in op.attempts:
+        raise UnknownReference(
+            f"trajectory {rec.trajectory_id}: no tool call {ev.call_id} attempt {ev.attempt_id}"
+        )
+    if op.status is OpStatus.SETTLED or (
+        op.evidence is not None and op.evidence.get("attempt") == ev.attempt_id
+    ):
+        turn.note = f"duplicate result for {ev.call_id}: already settled"
+        return
+    spec = turn.ctx.agent.catalog.get(op.tool or "")
+    turn.spend_time(ev.latency_s)
+    result = ev.result
+    status = result.get("status")
+    op.evidence = {"attempt": ev.attempt_id, **result}
+    turn.row(
+        RowKind.TOOL,
+        call_id=ev.call_id,
+        tool=op.tool,
+        args=op.args,
+        outcome=str(status),
+        error=result.get("code") if status != "ok" else None,
+        duration_s=ev.latency_s,
+        detail={"key": op.idempotency_key, "looked_up": ev.looked_up} if ev.looked_up else None,
+    )
+    if ev.looked_up and status == "absent":
+        # The backend's word that the key's effect never happened: evidence that settles the
+        # earlier attempts (sent, so counted, but without effect); then re-send under the key.
+        for attempt in op.attempts:
+            if attempt in rec.ledger.reservations:
+                rec.ledger.settle(attempt, Amounts(tool_calls=1))
+    unknown = status == "unknown" or (ev.looked_up and status == "absent")
+    if unknown and spec is not None and spec.kind is ToolKind.WRITE:
+        _on_unknown(turn, op, spec, ev)
+        return
+    _settle_tool(turn, op, ev)
+    eligible = op.eligible and op.epoch == rec.control_epoch
+    op.eligible = False
+    if not eligible or rec.state is not S.WAITING_TOOL:
+        turn.note = f"{ev.call_id} settled; not staged (no longer eligible)"
+        return
+    _stage(turn, op, spec, result)
+    waiting = [o for o in rec.operations.values() if o.kind is OpKind.TOOL and o.eligible]
+    if not waiting:
+        turn.end_turn(Cause.WAIT_SATISFIED)
+
+
+def _settle_tool(turn: Turn, op: Operation, ev: ToolResultEvent) -> None:
+    """Evidence settles every open attempt of the operation; billing evidence sets dollars."""
+    led = turn.rec.ledger
+    for attempt in op.attempts:
+        if attempt not in led.reservations:
+            continue
+        held = led.reservations[attempt]
+        if attempt == ev.attempt_id or ev.looked_up:
+            if ev.charge is None and held.dollars > 0:
+                # The call happened, the bill has not come: count the call, keep the dollars.
+                led.settle(attempt, Amounts(tool_calls=held.tool_calls), final=False)
+                continue
+            led.settle(attempt, tool_call_charge(ev.charge or Decimal(0)))
+        elif held.dollars == 0:
+            led.settle(attempt, Amounts(tool_calls=held.tool_calls))
+    op.status = (
+        OpStatus.SETTLED
+        if not any(a in led.reservations for a in op.attempts)
+        else (OpStatus.REGISTERED)
+    )
+
+
+def _stage(turn: Turn, op: Operation, spec: ToolSpec | None, result: dict[str, Any]) -> None:
+    """Fold an eligible result into facts, plan statuses and the next view."""
+    rec = turn.rec
+    status, code = result.get("status"), result.get("code")
+    step = next((s for s in rec.plan if s.id == op.plan_step), None)
+    if status == "ok":
+        turn.clear_error_streak()
+        if step is not None:
+            step.status = StepStatus.DONE
+        if spec is not None and spec.fact_fields:
+            prefix = str((op.args or {}).get(spec.fact_key, "")) if spec.fact_key else ""
+            for name in spec.fact_fields:
+                if name in result:
+                    rec.facts[f"{prefix}.{name}" if prefix else name] = result[name]
+        turn.observe(
+            bound_result(result, op.call_id, turn.ctx.agent.max_result_tokens, turn.ctx.estimator)
+        )
+        return
+    if code in BUSINESS_ERRORS and step is not None:
+        step.status = StepStatus.FAILED
+    turn.recoverable(
+        str(code or status),
+        bound_result(result, op.call_id, turn.ctx.agent.max_result_tokens, turn.ctx.estimator),
+    )
+
+
+def _on_unknown(turn: Turn, op: Operation, spec: ToolSpec, ev: ToolResultEvent) -> None:
+    """A write whose outcome is unknown: resolved as the tool declares, never blindly."""
+    rec = turn.rec
+    op.status = OpStatus.UNKNOWN  # the reservation stays until evidence settles it
+    time_left = rec.active_s < rec.budget.deadline_s
+    if spec.on_unknown is OnUnknown.STOP or not time_left:
+        turn.stop(StopReason.UNKNOWN_OUTCOME, f"{spec.name} under key {op.idempotency_key}")
+        return
+    attempt = f"{op.call_id}/a{len(op.attempts) + 1}"
+    timeout = round(rec.budget.deadline_s - rec.active_s, 6)
+    if spec.on_unknown is OnUnknown.LOOKUP and not ev.looked_up:
+        op.attempts.append(attempt)
+        turn.commands.append(
+            LookupEffect(
+                call_id=op.call_id,
+                attempt_id=attempt,
+                tool=spec.name,
+                idempotency_key=op.idempotency_key,
+            )
+        )
+        return
+    # resend (or a lookup that found no effect): a new attempt under the same key,
+    # registered and reserved before it is sent.
+    try:
+        rec.ledger.admit(attempt, tool_call_liability(spec.liability or Decimal(0)))
+    except AdmissionRefused as refused:
+        from kernel.amounts import Dimension
+
+        turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
+        return
+    op.attempts.append(attempt)
+    op.status = OpStatus.REGISTERED
+    rec.tool_dispatches += 1
+    turn.commands.append(
+        DispatchTool(
+            call_id=op.call_id,
+            attempt_id=attempt,
+            tool=spec.name,
+            args=op.args or {},
+            idempotency_key=op.idempotency_key,
+            timeout_s=min(spec.timeout_s, timeout),
+        )
+    )

@@ -1,0 +1,29 @@
+"""Progress evidence: a signature over what counts as progress, and call fingerprints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from kernel.record import TrajectoryRecord
+
+
+def canonical(value: Any) -> bytes:
+    """Canonical JSON bytes: sorted keys, no whitespace; the input of every digest."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def digest(value: Any, size: int = 16) -> str:
+    """A stable content digest (sha256, hex, truncated); never Python's salted ``hash``."""
+    return hashlib.sha256(canonical(value)).hexdigest()[:size]
+
+
+def signature(rec: TrajectoryRecord) -> str:
+    """Hash of the facts and the plan step statuses; a step that leaves it unchanged stalled."""
+    return digest({"facts": rec.facts, "plan": [[s.id, s.status.value] for s in rec.plan]}, size=12)
+
+
+def fingerprint(tool: str, args: Any) -> str:
+    """The identity of a proposed call, for the repeat limit."""
+    return digest([tool, args], size=12)

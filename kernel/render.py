@@ -1,0 +1,66 @@
+"""What the model is shown: a view of the state, not the transcript."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from kernel.plan import open_steps
+from kernel.record import TrajectoryRecord
+
+Estimator = Callable[[str], int]
+
+
+def estimate_tokens(text: str) -> int:
+    """Seed 000's rough estimate: four characters a token, rounded up."""
+    return (len(text) + 3) // 4
+
+
+def render(rec: TrajectoryRecord) -> str:
+    """The model's input: goal, plan with statuses, facts, last observation, remaining budget."""
+    led = rec.ledger
+    view: dict[str, Any] = {
+        "goal": rec.goal,
+        "plan": [s.model_dump(mode="json") for s in rec.plan],
+        "facts": rec.facts,
+        "last_result": rec.last_observation,
+        "remaining": {
+            "steps": led.steps.allowance - led.steps.actual - led.steps.reserved,
+            "tool_calls": led.tool_calls.allowance
+            - led.tool_calls.actual
+            - led.tool_calls.reserved,
+            "tokens": led.tokens.allowance - led.tokens.actual - led.tokens.reserved,
+        },
+    }
+    return json.dumps(view, sort_keys=True)
+
+
+def bound_result(
+    result: dict[str, Any], handle: str, max_tokens: int, estimator: Estimator
+) -> dict[str, Any]:
+    """A result over ``max_tokens`` becomes a handle plus a summary built from its fields.
+
+    The summary keeps scalar fields that are short, and the size of every long one, so the model
+    can still act on status codes and ids without the bulk.
+    """
+    text = json.dumps(result, sort_keys=True)
+    size = estimator(text)
+    if size <= max_tokens:
+        return result
+    summary: dict[str, Any] = {}
+    for key, value in sorted(result.items()):
+        if (
+            isinstance(value, bool | int | float)
+            or value is None
+            or (isinstance(value, str) and len(value) <= 80)
+        ):
+            summary[key] = value
+        else:
+            summary[key] = {"omitted_tokens": estimator(json.dumps(value))}
+    return {"handle": handle, "tokens": size, "summary": summary}
+
+
+def pending_steps_text(rec: TrajectoryRecord) -> list[str]:
+    """Ids of the plan steps still open, for observations."""
+    return open_steps(rec.plan)

@@ -1,0 +1,280 @@
+"""The step function: one event in, a new record and the commands to carry out.
+
+``step(record, event, ctx)`` is pure: the clock reading comes in the event, ids are derived
+from the record's own counters, and the token estimator is injected through ``ctx``. It never
+mutates its input; the record it returns is a new value. The embedded runner, the Celery
+worker, replay and the property tests all drive this one function.
+
+Bad input (an event naming an unknown call, attempt, approval or a state it cannot apply to)
+raises an error from :mod:`kernel.errors` and changes nothing. A duplicate of evidence already
+recorded returns the record unchanged with no commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel.agent import AgentProfile
+from kernel.amounts import Dimension, model_call_liability
+from kernel.chain import ChainRow, RowKind
+from kernel.closing import closing_message
+from kernel.errors import AdmissionRefused, IllegalTransition
+from kernel.events import (
+    Admit,
+    ApprovalDecided,
+    CallModel,
+    Command,
+    ControlRequested,
+    Enqueue,
+    Event,
+    Finish,
+    ModelReplied,
+    Tick,
+    ToolResulted,
+)
+from kernel.lifecycle import Cause, Decision, transition
+from kernel.progress import signature
+from kernel.record import Operation, OpKind, OpStatus, TrajectoryRecord
+from kernel.render import Estimator, estimate_tokens, render
+from kernel.states import LIVE, LifecycleState, StopReason, terminal_state_for
+
+S = LifecycleState
+
+MISFIT_STOP = {
+    Dimension.STEPS: StopReason.MAX_STEPS,
+    Dimension.TOOL_CALLS: StopReason.MAX_TOOL_CALLS,
+    Dimension.TOKENS: StopReason.MAX_TOKENS,
+    Dimension.DOLLARS: StopReason.MAX_COST,
+}
+RECONCILER = "reconciler"  # the owner an unsettled operation is handed to at exit
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """What the kernel is given rather than reaching for: the agent and the estimator."""
+
+    agent: AgentProfile
+    estimator: Estimator = estimate_tokens
+
+
+@dataclass
+class StepResult:
+    """The outcome of one step: the new record, commands to carry out, chain rows to append."""
+
+    record: TrajectoryRecord
+    commands: list[Command] = field(default_factory=list)
+    rows: list[ChainRow] = field(default_factory=list)
+    quarantined: IllegalTransition | None = None  # a reply kept only as diagnostics
+    note: str | None = None  # why nothing happened (duplicate, not admitted, ...)
+
+    @property
+    def changed(self) -> bool:
+        """True when the step produced a new version to commit."""
+        return bool(self.rows) or bool(self.commands) or self.quarantined is not None
+
+
+class Turn:
+    """The mutable working state of one step: a private copy of the record plus outputs."""
+
+    def __init__(self, rec: TrajectoryRecord, ctx: KernelContext, now: float) -> None:
+        self.rec = rec.model_copy(deep=True)
+        self.ctx = ctx
+        self.now = now
+        self.commands: list[Command] = []
+        self.rows: list[ChainRow] = []
+        self.quarantined: IllegalTransition | None = None
+        self.note: str | None = None
+
+    # --- small helpers used by every handler -------------------------------------------
+
+    def decide(self, cause: Cause, stop: StopReason | None = None) -> Decision:
+        """A decision on the current version of the working copy."""
+        rid = f"{self.rec.trajectory_id}/v{self.rec.record_version}/{cause.value}"
+        return Decision(
+            decision_id=rid, seen_version=self.rec.record_version, cause=cause, stop=stop
+        )
+
+    def move(self, target: S, cause: Cause, stop: StopReason | None = None) -> None:
+        """Take one edge of the lifecycle table (raises if the table or a guard refuses)."""
+        transition(self.rec, target, self.decide(cause, stop), self.now)
+
+    def row(self, kind: RowKind, **fields: Any) -> None:
+        """Append one row to the execution chain."""
+        rec = self.rec
+        self.rows.append(
+            ChainRow(
+                trajectory_id=rec.trajectory_id,
+                tenant=rec.tenant,
+                user=rec.user,
+                index=rec.chain_length,
+                step=rec.turn,
+                kind=kind,
+                record_version=rec.record_version,
+                at=self.now,
+                **fields,
+            )
+        )
+        rec.chain_length += 1
+
+    def spend_time(self, seconds: float) -> None:
+        """Active time: model and tool latency, never beyond the deadline."""
+        rec = self.rec
+        rec.active_s = round(min(rec.active_s + seconds, rec.budget.deadline_s), 6)
+
+    def observe(self, observation: dict[str, Any]) -> None:
+        """Stage an observation for the next view."""
+        self.rec.last_observation = observation
+
+    def recoverable(self, kind: str, observation: dict[str, Any]) -> None:
+        """A recoverable error: fed back as an observation and counted while it repeats."""
+        streak = self.rec.error_streak
+        if streak.kind == kind:
+            streak.count += 1
+        else:
+            streak.kind, streak.count = kind, 1
+        self.observe(observation)
+
+    def clear_error_streak(self) -> None:
+        """A step without a recoverable error ends the streak."""
+        self.rec.error_streak.kind, self.rec.error_streak.count = None, 0
+
+    def result(self) -> StepResult:
+        """Package the outcome."""
+        return StepResult(self.rec, self.commands, self.rows, self.quarantined, self.note)
+
+    # --- ending a turn and ending the run ------------------------------------------------
+
+    def end_turn(self, cause: Cause) -> None:
+        """Back to READY; then the progress check decides between the queue and a stop."""
+        rec = self.rec
+        self.move(S.READY, cause)
+        rec.stalls = 0 if signature(rec) != rec.turn_signature else rec.stalls + 1
+        if rec.stalls >= rec.budget.max_stalls:
+            self.stop(StopReason.NO_PROGRESS)
+        elif rec.error_streak.count >= rec.budget.max_same_error:
+            self.stop(StopReason.FAILED, f"{rec.error_streak.kind} {rec.error_streak.count} times")
+        elif rec.pending_control is not None:
+            from kernel.control import carry_out_hold  # control builds on the step
+
+            carry_out_hold(self)
+        else:
+            self.commands.append(Enqueue())
+
+    def stop(self, reason: StopReason, detail: str | None = None) -> None:
+        """Every exit: FINALIZING, hand off what is still owed, the message, the terminal."""
+        rec = self.rec
+        if rec.state in LIVE:
+            self.move(S.FINALIZING, Cause.STOP, reason)
+        elif rec.state is not S.FINALIZING:
+            raise IllegalTransition(rec.state.value, S.FINALIZING.value, "stop", "already ended")
+        rec.stop_reason = rec.stop_reason or reason
+        for op in rec.operations.values():
+            if op.open and op.settlement_owner == "kernel":
+                # Settlement rule: the reservation stays; a named owner takes the obligation.
+                op.settlement_owner = RECONCILER
+                op.status = OpStatus.HANDED_OFF if op.status is OpStatus.REGISTERED else op.status
+        message = closing_message(rec, self.ctx.agent.catalog, rec.stop_reason)
+        rec.closing_message = message
+        self.row(RowKind.STOP, outcome=rec.stop_reason.value, error=detail)
+        target = terminal_state_for(rec.stop_reason)
+        self.move(target, Cause.FINISH)
+        self.commands.append(Finish(state=target, stop=rec.stop_reason, message=message))
+
+
+# --- the entry point -------------------------------------------------------------------------
+
+
+def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
+    """Apply one event to a record; see the module docstring for the contract."""
+    from kernel import control, fold
+
+    turn = Turn(rec, ctx, event.now)
+    if isinstance(event, Admit):
+        admit(turn)
+    elif isinstance(event, ModelReplied):
+        fold.on_model_reply(turn, event)
+    elif isinstance(event, ToolResulted):
+        fold.on_tool_result(turn, event)
+    elif isinstance(event, ApprovalDecided):
+        control.on_approval(turn, event)
+    elif isinstance(event, ControlRequested):
+        control.on_control(turn, event)
+    elif isinstance(event, Tick):
+        control.on_tick(turn)
+    else:  # pragma: no cover - the union is closed
+        raise TypeError(f"not an event: {event!r}")
+    if not turn.rows and not turn.commands and turn.quarantined is None:
+        # Nothing happened: return the caller's record untouched, so no version is spent.
+        return StepResult(rec, note=turn.note)
+    return turn.result()
+
+
+def admit(turn: Turn) -> None:
+    """Admission of the next model call: the guarded READY -> CALLING_MODEL transition.
+
+    Checks in seed 000's order (steps, tool calls, deadline, tokens) and then the whole
+    bounded-liability test; a call that cannot fit ends the run with the matching stop.
+    The call is registered and reserved before the CallModel command exists.
+    """
+    rec, budget = turn.rec, turn.rec.budget
+    if rec.state is not S.READY:
+        turn.note = f"not admitted: trajectory is {rec.state.value}"
+        return
+    if turn.now - rec.submitted_at >= budget.wall_clock_s:
+        turn.stop(StopReason.WALL_CLOCK)
+        return
+    if rec.pending_control is not None:
+        from kernel.control import carry_out_hold
+
+        carry_out_hold(turn)
+        return
+    led = rec.ledger
+    if led.headroom(Dimension.STEPS) < 1:
+        turn.stop(StopReason.MAX_STEPS)
+        return
+    if led.headroom(Dimension.TOOL_CALLS) < 1:
+        turn.stop(StopReason.MAX_TOOL_CALLS)
+        return
+    if rec.active_s >= budget.deadline_s:
+        turn.stop(StopReason.DEADLINE)
+        return
+    view = render(rec)
+    tokens_in = turn.ctx.estimator(view)
+    cap = budget.max_output_tokens
+    liability = model_call_liability(turn.ctx.agent.model.price, tokens_in, cap)
+    misfit = led.first_misfit(liability)
+    if misfit is not None:
+        turn.stop(MISFIT_STOP[misfit])
+        return
+    call_id = f"{rec.trajectory_id}/m{rec.turn + 1}"
+    attempt = f"{call_id}/a1"
+
+    def register(r: TrajectoryRecord) -> None:
+        r.ledger.admit(attempt, liability)  # may raise AdmissionRefused: nothing changes
+        r.operations[call_id] = Operation(
+            op_id=call_id,
+            call_id=call_id,
+            kind=OpKind.MODEL,
+            attempts=[attempt],
+            idempotency_key=call_id,
+            epoch=r.control_epoch,
+            reservation=liability,
+        )
+        r.turn += 1
+        r.turn_signature = signature(r)
+
+    try:
+        transition(rec, S.CALLING_MODEL, turn.decide(Cause.ADMIT), turn.now, admit=register)
+    except AdmissionRefused as refused:  # pragma: no cover - first_misfit checked the same
+        turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
+        return
+    turn.commands.append(
+        CallModel(
+            call_id=call_id,
+            attempt_id=attempt,
+            view=view,
+            max_output_tokens=cap,
+            timeout_s=round(budget.deadline_s - rec.active_s, 6),
+        )
+    )

@@ -1,0 +1,149 @@
+"""Tool declarations as the kernel sees them: kind, limits, approval policy, fact fields.
+
+The implementation of a tool (the code that touches the world) is not here: the kernel only
+needs what a tool *promises*. A user declares a tool once with :func:`tool` (or builds a
+:class:`ToolSpec`), and the same declaration drives validation, approval, facts, the unknown-
+outcome rule and the provider's tool schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+
+class ToolKind(StrEnum):
+    """A read changes nothing; a write has an effect in the world."""
+
+    READ = "read"
+    WRITE = "write"
+
+
+class OnUnknown(StrEnum):
+    """How a write whose outcome is unknown is resolved (never a blind retry)."""
+
+    STOP = "stop"  # end the run with unknown_outcome (seed 000 scenario H)
+    RESEND = "resend"  # the backend deduplicates by call key: re-send under the same key
+    LOOKUP = "lookup"  # ask the backend whether the key's effect happened
+
+
+ApprovalPredicate = Callable[[Mapping[str, Any]], bool]
+
+
+def _never(args: Mapping[str, Any]) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What a tool promises: argument schema, kind, timeout, liability, approval, facts."""
+
+    name: str
+    args_model: type[BaseModel]
+    kind: ToolKind = ToolKind.READ
+    description: str = ""
+    timeout_s: float = 30.0
+    liability: Decimal | None = Decimal(0)  # dollar bound per call; None = no finite bound
+    needs_approval: ApprovalPredicate = _never
+    fact_fields: tuple[str, ...] = ()
+    fact_key: str | None = None  # argument whose value prefixes fact names (e.g. order_id)
+    target_arg: str | None = None  # argument naming the target a grant may deny
+    on_unknown: OnUnknown = OnUnknown.STOP
+    deduplicates: bool = False  # the backend replays the stored result for a repeated key
+    done_text: str = (
+        ""  # closing-message phrase once the effect happened ("your refund was issued")
+    )
+    not_done_text: str = ""  # phrase when it did not ("the confirmation email was not sent")
+
+    def validate_args(self, args: Any) -> tuple[dict[str, Any] | None, str | None]:
+        """Return (normalised arguments, None) or (None, a precise reason)."""
+        if not isinstance(args, dict):
+            return None, f"{self.name}: arguments must be an object"
+        try:
+            parsed = self.args_model.model_validate(args)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"]) or "arguments"
+            return None, f"{self.name}: {loc}: {first['msg']}"
+        return parsed.model_dump(mode="json", exclude_none=True), None
+
+    def json_schema(self) -> dict[str, Any]:
+        """The argument schema, for a provider's tool format."""
+        return self.args_model.model_json_schema()
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The tools an agent may propose, by name."""
+
+    tools: Mapping[str, ToolSpec] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, specs: Iterable[ToolSpec]) -> Catalog:
+        """A catalog of the given specs; names must be unique."""
+        table: dict[str, ToolSpec] = {}
+        for spec in specs:
+            if spec.name in table:
+                raise ValueError(f"tool {spec.name!r} is declared twice")
+            table[spec.name] = spec
+        return cls(table)
+
+    def get(self, name: str) -> ToolSpec | None:
+        """The spec of ``name``, or None for an unknown tool."""
+        return self.tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tools
+
+
+def tool(
+    args: type[BaseModel],
+    *,
+    kind: ToolKind = ToolKind.READ,
+    name: str | None = None,
+    timeout_s: float = 30.0,
+    liability: Decimal | None = Decimal(0),
+    needs_approval: ApprovalPredicate = _never,
+    facts: Iterable[str] = (),
+    fact_key: str | None = None,
+    target_arg: str | None = None,
+    on_unknown: OnUnknown = OnUnknown.STOP,
+    deduplicates: bool = False,
+    done_text: str = "",
+    not_done_text: str = "",
+) -> Callable[[Callable[..., Any]], DeclaredTool]:
+    """Declare a tool: ``@tool(RefundArgs, kind=ToolKind.WRITE, ...)`` over its implementation."""
+
+    def wrap(fn: Callable[..., Any]) -> DeclaredTool:
+        spec = ToolSpec(
+            name=name or fn.__name__,
+            args_model=args,
+            kind=kind,
+            description=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
+            timeout_s=timeout_s,
+            liability=liability,
+            needs_approval=needs_approval,
+            fact_fields=tuple(facts),
+            fact_key=fact_key,
+            target_arg=target_arg,
+            on_unknown=on_unknown,
+            deduplicates=deduplicates,
+            done_text=done_text,
+            not_done_text=not_done_text,
+        )
+        return DeclaredTool(spec=spec, fn=fn)
+
+    return wrap
+
+
+@dataclass(frozen=True)
+class DeclaredTool:
+    """A tool declaration together with its implementation (called by a runner, never here)."""
+
+    spec: ToolSpec
+    fn: Callable[..., Any]

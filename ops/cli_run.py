@@ -1,0 +1,64 @@
+"""``reins run`` and ``reins demo``: trajectories on the embedded runner."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+import typer
+from rich.console import Console
+
+from kernel.record import TrajectoryRecord
+from kernel.step import KernelContext
+from ops.report import summary, table
+from worker.agents import load_agent
+from worker.embedded import EmbeddedRunner
+from worker.models import ScriptedModel
+
+console = Console()
+
+
+def run_cmd(
+    agent_ref: str = typer.Argument(..., metavar="MODULE:AGENT", help="the agent to run"),
+    goal: str = typer.Option(..., "--goal", help="what the user asked for"),
+    budget: list[str] = typer.Option(  # noqa: B008 - typer's idiom
+        [], "--budget", help="override a budget key: --budget max_steps=3 (repeatable)"
+    ),
+    user: str = typer.Option("cu_ana", "--user", help="the user the run acts for"),
+    tenant: str = typer.Option("default", "--tenant", help="the tenant the run belongs to"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Run one trajectory on the embedded runner and report how it ended."""
+    agent = load_agent(agent_ref)
+    limits = agent.profile.budget.with_overrides(budget)
+    rec = TrajectoryRecord.create(
+        trajectory_id=f"traj-{uuid.uuid4().hex[:8]}",
+        tenant=tenant,
+        user=user,
+        goal=goal,
+        agent=agent_ref,
+        budget=limits,
+        now=0.0,
+    )
+    backend = agent.make_backend()
+    runner = EmbeddedRunner(
+        KernelContext(agent.profile), ScriptedModel(agent.make_policy(goal)), backend
+    )
+    out = runner.run(rec)
+    effects = backend.effects() if hasattr(backend, "effects") else []
+    result = summary(out.record, effects)
+    if as_json:
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+        return
+    console.width = max(console.width, 132)
+    console.print(table([result], f"reins run {agent_ref}"))
+    console.print(result["closing_message"] or f"suspended in {result['state']}")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``run`` (and ``demo``) to the CLI."""
+    app.command("run")(run_cmd)
+    from ops.demo import demo_cmd
+
+    app.command("demo")(demo_cmd)

@@ -1,0 +1,187 @@
+"""The embedded runner: drives the step function in-process against a model and a backend.
+
+It is the laptop default and the harness of the kernel's tests: a simulated clock advances by
+the latencies the model and the tools report, so runs are deterministic and fast. A run stops
+when the trajectory ends, or when it is suspended (held for approval, paused): ``resume`` then
+carries on from the record, exactly as a fleet worker would from the store.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kernel.chain import ChainRow
+from kernel.events import (
+    Admit,
+    ApprovalDecided,
+    CallModel,
+    CancelCall,
+    Command,
+    DispatchTool,
+    Enqueue,
+    Event,
+    Finish,
+    HoldForApproval,
+    LookupEffect,
+    ModelReplied,
+    ToolResulted,
+)
+from kernel.record import TrajectoryRecord
+from kernel.states import TERMINAL
+from kernel.step import KernelContext, StepResult, step
+from worker.backend import ToolBackend
+from worker.models import Model
+
+
+class Clock:
+    """Simulated time, so runs are deterministic and fast."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward; never backwards."""
+        self.t = round(self.t + max(seconds, 0.0), 6)
+
+    def now(self) -> float:
+        """The current reading."""
+        return self.t
+
+
+Commit = Callable[[TrajectoryRecord, TrajectoryRecord, list[ChainRow]], None]
+"""A store hook: (previous record, new record, chain rows) -> None, raising on conflict."""
+
+
+@dataclass
+class RunResult:
+    """A run's final record, what it held for, and the chain it wrote."""
+
+    record: TrajectoryRecord
+    rows: list[ChainRow] = field(default_factory=list)
+    held: HoldForApproval | None = None
+    events: list[Event] = field(default_factory=list)
+
+
+class EmbeddedRunner:
+    """Carries out kernel commands in-process, one at a time."""
+
+    def __init__(
+        self,
+        ctx: KernelContext,
+        model: Model,
+        backend: ToolBackend,
+        clock: Clock | None = None,
+        commit: Commit | None = None,
+        max_events: int = 10_000,
+    ) -> None:
+        self.ctx, self.model, self.backend = ctx, model, backend
+        self.clock = clock or Clock()
+        self.commit = commit
+        self.max_events = max_events
+
+    def apply(self, rec: TrajectoryRecord, event: Event, out: RunResult) -> StepResult:
+        """One step, committed through the store hook when it changed anything."""
+        result = step(rec, event, self.ctx)
+        out.events.append(event)
+        if result.record is not rec and self.commit is not None:
+            self.commit(rec, result.record, result.rows)
+        out.rows.extend(result.rows)
+        return result
+
+    def run(self, rec: TrajectoryRecord, first: Event | None = None) -> RunResult:
+        """Advance until the trajectory ends or is suspended."""
+        out = RunResult(record=rec)
+        todo: deque[Command] = deque()
+        result = self.apply(rec, first or Admit(now=self.clock.now()), out)
+        rec = result.record
+        todo.extend(result.commands)
+        while todo:
+            if len(out.events) > self.max_events:  # pragma: no cover - budgets end runs first
+                raise RuntimeError("embedded run did not end within its event bound")
+            cmd = todo.popleft()
+            event = self.carry_out(rec, cmd, out)
+            if event is None:
+                continue
+            result = self.apply(rec, event, out)
+            rec = result.record
+            todo.extend(result.commands)
+        out.record = rec
+        return out
+
+    def carry_out(self, rec: TrajectoryRecord, cmd: Command, out: RunResult) -> Event | None:
+        """Do what one command asks and report back with the event it produced."""
+        if isinstance(cmd, CallModel):
+            reply = self.model.call(cmd.view, cmd.max_output_tokens, cmd.timeout_s)
+            self.clock.advance(reply.latency_s)
+            return ModelReplied(
+                now=self.clock.now(),
+                call_id=cmd.call_id,
+                status=reply.status,
+                content=reply.content,
+                raw=reply.raw,
+                usage=reply.usage,
+                latency_s=reply.latency_s,
+                timed_out=reply.timed_out,
+                retry_after_s=reply.retry_after_s,
+            )
+        if isinstance(cmd, DispatchTool):
+            result, secs = self.backend.call(
+                rec.user,
+                cmd.tool,
+                cmd.args,
+                cmd.idempotency_key,
+                cmd.timeout_s,
+                approval=cmd.approval_digest,
+            )
+            self.clock.advance(secs)
+            return ToolResulted(
+                now=self.clock.now(),
+                call_id=cmd.call_id,
+                attempt_id=cmd.attempt_id,
+                result=result,
+                latency_s=secs,
+            )
+        if isinstance(cmd, LookupEffect):
+            result, secs = self.backend.lookup(cmd.tool, cmd.idempotency_key)
+            self.clock.advance(secs)
+            return ToolResulted(
+                now=self.clock.now(),
+                call_id=cmd.call_id,
+                attempt_id=cmd.attempt_id,
+                result=result,
+                latency_s=secs,
+                looked_up=True,
+            )
+        if isinstance(cmd, Enqueue):
+            return Admit(now=self.clock.now())
+        if isinstance(cmd, HoldForApproval):
+            out.held = cmd
+            return None
+        if isinstance(cmd, Finish | CancelCall):
+            return None  # calls here are synchronous: nothing is left running to cancel
+        raise TypeError(f"unknown command {cmd!r}")  # pragma: no cover
+
+    def approve(
+        self,
+        rec: TrajectoryRecord,
+        held: HoldForApproval,
+        reviewer: str = "reviewer",
+        approve: bool = True,
+    ) -> RunResult:
+        """Deliver a reviewer's decision on a held proposal and run on."""
+        decision = ApprovalDecided(
+            now=self.clock.now(),
+            approval_id=held.approval_id,
+            held_version=held.held_version,
+            digest=held.digest,
+            reviewer=reviewer,
+            approve=approve,
+        )
+        return self.run(rec, decision)
+
+
+def is_over(rec: TrajectoryRecord) -> bool:
+    """True once the trajectory is in a terminal state."""
+    return rec.state in TERMINAL

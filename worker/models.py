@@ -1,0 +1,87 @@
+"""The model protocol (view in; reply, usage and latency out) and the scripted model.
+
+A model never raises for what a provider can do wrong: every outcome is a :class:`ModelReply`
+with a normalised status. Latency is reported, not slept, so a simulated clock can advance.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from kernel.amounts import Usage
+from kernel.events import ReplyStatus
+from kernel.render import Estimator, estimate_tokens
+
+
+class ModelReply(BaseModel):
+    """One model call's normalised outcome."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: ReplyStatus
+    content: Any = None
+    raw: str | None = None
+    usage: Usage | None = None
+    latency_s: float = 0.0
+    timed_out: bool = False
+    retry_after_s: float | None = None
+
+
+class Model(Protocol):
+    """Anything that answers a view with a reply."""
+
+    def call(self, view: str, max_output_tokens: int, timeout_s: float) -> ModelReply:
+        """Answer one view within ``timeout_s`` seconds and ``max_output_tokens`` tokens."""
+        ...
+
+
+PolicyFn = Callable[[dict[str, Any], int], Any]
+
+
+class ScriptedModel:
+    """A model whose replies come from a policy function over the parsed view.
+
+    The policy returns a reply (a dict, or a string to be parsed as JSON) or a tuple
+    ``(reply, latency_s)``; usage is estimated as the seeds do: the view's tokens in, the
+    serialised reply's tokens out. A reply longer than the output cap comes back TRUNCATED,
+    and a latency beyond the timeout comes back as a timed-out transport failure without usage.
+    """
+
+    def __init__(
+        self, policy: PolicyFn, latency_s: float = 1.5, estimator: Estimator = estimate_tokens
+    ) -> None:
+        self.policy, self.latency_s, self.estimator = policy, latency_s, estimator
+        self.calls = 0
+
+    def call(self, view: str, max_output_tokens: int, timeout_s: float) -> ModelReply:
+        self.calls += 1
+        out = self.policy(json.loads(view), self.calls)
+        reply, latency = out if isinstance(out, tuple) else (out, self.latency_s)
+        if latency > timeout_s:
+            return ModelReply(
+                status=ReplyStatus.TRANSPORT_FAILURE, latency_s=max(timeout_s, 0.0), timed_out=True
+            )
+        raw = reply if isinstance(reply, str) else json.dumps(reply)
+        tokens_in, tokens_out = self.estimator(view), self.estimator(raw)
+        if tokens_out > max_output_tokens:
+            return ModelReply(
+                status=ReplyStatus.TRUNCATED,
+                raw=raw,
+                usage=Usage(uncached_input=tokens_in, output=max_output_tokens),
+                latency_s=latency,
+            )
+        try:
+            content = json.loads(raw) if isinstance(reply, str) else reply
+        except json.JSONDecodeError:
+            content = None  # the kernel turns a non-proposal into a recoverable observation
+        return ModelReply(
+            status=ReplyStatus.COMPLETED,
+            content=content,
+            raw=raw,
+            usage=Usage(uncached_input=tokens_in, output=tokens_out),
+            latency_s=latency,
+        )
