@@ -80,6 +80,7 @@ class EmbeddedRunner:
         self.clock = clock or Clock()
         self.commit = commit
         self.max_events = max_events
+        self.last: TrajectoryRecord | None = None  # the newest record, even if a run raised
 
     def apply(self, rec: TrajectoryRecord, event: Event, out: RunResult) -> StepResult:
         """One step, committed through the store hook when it changed anything."""
@@ -88,6 +89,7 @@ class EmbeddedRunner:
         if result.record is not rec and self.commit is not None:
             self.commit(rec, result.record, result.rows)
         out.rows.extend(result.rows)
+        self.last = result.record
         return result
 
     def run(self, rec: TrajectoryRecord, first: Event | None = None) -> RunResult:
