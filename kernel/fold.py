@@ -336,7 +336,7 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
         outcome=str(status),
         error=result.get("code") if status != "ok" else None,
         duration_s=ev.latency_s,
-        detail={"key": op.idempotency_key, "looked_up": ev.looked_up} if ev.looked_up else None,
+        detail={"key": op.idempotency_key, "attempt": ev.attempt_id, "looked_up": ev.looked_up},
     )
     if ev.looked_up and status == "absent":
         # The backend's word that the key's effect never happened: evidence that settles the

@@ -48,9 +48,10 @@ class _null:
 
 def _register_subcommands() -> None:
     """Attach the sub-applications; each lives in its own module."""
-    from ops import cli_run
+    from ops import cli_run, cli_trace
 
     cli_run.register(app)
+    cli_trace.register(app)
 
 
 def main() -> None:

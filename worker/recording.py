@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernel.chain import ChainRow
 from kernel.events import ApprovalDecided, ControlRequested, Tick
 from kernel.record import TrajectoryRecord
 from kernel.step import KernelContext
@@ -61,6 +62,7 @@ class Recording(BaseModel):
 
     initial: str  # the initial record's JSON
     inputs: list[Input] = Field(default_factory=list)
+    final: str | None = None  # the final record's JSON when it was recorded, for checking
 
     def save(self, path: str | Path) -> None:
         """Write the recording as JSON."""
@@ -181,7 +183,9 @@ class RecordingRunner:
             RecordingModel(self._model, self.recording),
             RecordingBackend(self._backend, self.recording),
         )
-        return self.runner.run(rec)
+        out = self.runner.run(rec)
+        self.recording.final = out.record.to_json().decode()
+        return out
 
     def deliver(
         self, rec: TrajectoryRecord, event: ApprovalDecided | ControlRequested | Tick
@@ -189,14 +193,17 @@ class RecordingRunner:
         """Deliver an external event (recorded) and run on."""
         assert self.recording is not None and self.runner is not None, "start() first"
         self.recording.inputs.append(EventInput(event=event))
-        return self.runner.run(rec, event)
+        out = self.runner.run(rec, event)
+        self.recording.final = out.record.to_json().decode()
+        return out
 
 
 class ReplayResult(BaseModel):
-    """The replayed record, and where the replay left the recording if it diverged."""
+    """The replayed record, its chain, and where the replay left the recording if it diverged."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     record: TrajectoryRecord
+    rows: list[ChainRow] = Field(default_factory=list)
     diverged: str | None = None
 
 
@@ -209,13 +216,16 @@ def replay(recording: Recording, ctx: KernelContext) -> ReplayResult:
     tape = _Tape(list(recording.inputs))
     runner = EmbeddedRunner(ctx, ReplayModel(tape), ReplayBackend(tape), clock=Clock())
     rec = TrajectoryRecord.from_json(recording.initial)
+    rows: list[ChainRow] = []
     try:
-        rec = runner.run(rec).record
+        out = runner.run(rec)
+        rec, rows = out.record, rows + out.rows
         while (item := tape.peek()) is not None:
             if item.kind != "event":
                 raise ReplayExhausted(f"recording has an unused {item.kind} input at {tape.pos}")
             tape.pos += 1
-            rec = runner.run(rec, item.event).record
+            out = runner.run(rec, item.event)
+            rec, rows = out.record, rows + out.rows
     except ReplayExhausted as exc:
-        return ReplayResult(record=runner.last or rec, diverged=str(exc))
-    return ReplayResult(record=rec)
+        return ReplayResult(record=runner.last or rec, rows=rows, diverged=str(exc))
+    return ReplayResult(record=rec, rows=rows)
