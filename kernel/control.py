@@ -162,7 +162,7 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
     if not fits or not clocks_ok or rec.pending_control is not None:
         turn.note = "approved, but dispatch does not fit now: the request stays held"
         return
-    from kernel.fold import _dispatch
+    from kernel.fold import dispatch
 
     held.status = ApprovalStatus.APPROVED
     turn.row(
@@ -172,7 +172,7 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
         detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
     )
     try:
-        _dispatch(
+        dispatch(
             turn,
             [(spec, held.args, held.plan_step)],
             Cause.APPROVED,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from kernel import shapes
 from kernel.amounts import Amounts, model_call_charge, tool_call_charge, tool_call_liability
 from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
@@ -119,10 +120,13 @@ def _on_plan(turn: Turn, steps: Any) -> None:
     rec = turn.rec
     budget = rec.budget
     replanning = bool(rec.plan)
+    executing = shapes.executes_plans(turn)
     if replanning and rec.plan_revision - 1 >= budget.max_replans:
         problems = ["a plan is already set"]
     else:
         problems = validate_plan(steps, turn.ctx.agent.catalog, budget.max_plan_steps)
+        if executing and not problems:
+            problems = shapes.reference_problems(steps)
     if problems:
         turn.recoverable(
             "invalid_plan", {"status": "error", "code": "invalid_plan", "detail": problems}
@@ -135,13 +139,16 @@ def _on_plan(turn: Turn, steps: Any) -> None:
             rec.control_epoch += 1
         turn.clear_error_streak()
         turn.observe({"status": "ok", "code": "plan_accepted", "steps": len(rec.plan)})
+        if executing:
+            shapes.advance(turn)  # the kernel runs the plan; the model is not called per step
+            return
     turn.end_turn(Cause.REPLY_OBSERVE)
 
 
 def _on_tools(turn: Turn, calls: list[Any]) -> None:
     """Validate each proposed call, then hold, dispatch, or observe; never dispatch twice."""
     rec, agent = turn.rec, turn.ctx.agent
-    admitted: list[tuple[ToolSpec, dict[str, Any], str | None]] = []
+    admitted: list[Call] = []
     for call in calls:
         if len(admitted) >= rec.budget.max_fanout:
             break
@@ -181,7 +188,7 @@ def _on_tools(turn: Turn, calls: list[Any]) -> None:
     if not admitted:
         turn.end_turn(Cause.REPLY_OBSERVE)
         return
-    _dispatch(turn, admitted, Cause.REPLY_TOOLS)
+    dispatch(turn, admitted, Cause.REPLY_TOOLS)
 
 
 def call_key(turn: Turn, plan_step: str | None, index: int) -> str:
@@ -237,23 +244,25 @@ def _hold(turn: Turn, spec: ToolSpec, args: dict[str, Any], plan_step: str | Non
     )
 
 
-def _dispatch(
+Call = tuple[ToolSpec, dict[str, Any], str | None]
+
+
+def dispatch(
     turn: Turn,
-    calls: list[tuple[ToolSpec, dict[str, Any], str | None]],
-    cause: Cause,
+    calls: list[Call],
+    cause: Cause | None,
     approval_digest: str | None = None,
     keys: list[str] | None = None,
 ) -> None:
-    """Register and reserve every call, take the edge to WAITING_TOOL, then emit dispatches.
-
-    Raises AdmissionRefused (nothing registered) if the batch does not fit the budget.
+    """Register and reserve every call, take the edge to WAITING_TOOL (or stay there when
+    ``cause`` is None: a plan's next steps), then emit the dispatches. A batch that does not
+    fit the budget registers nothing and ends the run with the matching stop.
     """
     rec = turn.rec
     planned: list[Operation] = []
+    tool_ops = sum(1 for op in rec.operations.values() if op.kind is OpKind.TOOL)
     for j, (spec, args, plan_step) in enumerate(calls):
-        call_id = f"{rec.trajectory_id}/t{rec.turn}.{j}"
-        if call_id in rec.operations:
-            call_id = f"{call_id}r{len(rec.operations)}"
+        call_id = f"{rec.trajectory_id}/t{tool_ops + j + 1}"
         planned.append(
             Operation(
                 op_id=call_id,
@@ -286,7 +295,10 @@ def _dispatch(
     from kernel.lifecycle import transition
 
     try:
-        transition(rec, S.WAITING_TOOL, turn.decide(cause), turn.now, admit=register)
+        if cause is None:
+            register(rec)
+        else:
+            transition(rec, S.WAITING_TOOL, turn.decide(cause), turn.now, admit=register)
     except AdmissionRefused as refused:
         from kernel.amounts import Dimension
 
@@ -355,6 +367,12 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
         turn.note = f"{ev.call_id} settled; not staged (no longer eligible)"
         return
     _stage(turn, op, spec, result)
+    if op.plan_step is not None and shapes.executes_plans(turn):
+        if shapes.triggered(turn, result):
+            shapes.reenter_planner(turn, result)
+        else:
+            shapes.advance(turn)
+        return
     waiting = [o for o in rec.operations.values() if o.kind is OpKind.TOOL and o.eligible]
     if not waiting:
         turn.end_turn(Cause.WAIT_SATISFIED)

@@ -49,7 +49,12 @@ def validate_plan(steps: Any, catalog: Catalog, max_steps: int) -> list[str]:
 def adopt(steps: list[dict[str, Any]]) -> list[PlanStep]:
     """The validated plan as live plan steps, every one pending."""
     return [
-        PlanStep(id=s["id"], tool=s["tool"], depends_on=list(s.get("depends_on", [])))
+        PlanStep(
+            id=s["id"],
+            tool=s["tool"],
+            depends_on=list(s.get("depends_on", [])),
+            args=s.get("args") if isinstance(s.get("args"), dict) else None,
+        )
         for s in steps
     ]
 

@@ -46,6 +46,7 @@ class PlanStep(BaseModel):
     tool: str
     depends_on: list[str] = Field(default_factory=list)
     status: StepStatus = StepStatus.PENDING
+    args: dict[str, Any] | None = None  # set when the plan is executed without the model
 
 
 class OpKind(StrEnum):

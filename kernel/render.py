@@ -33,6 +33,16 @@ def render(rec: TrajectoryRecord) -> str:
             "tokens": led.tokens.allowance - led.tokens.actual - led.tokens.reserved,
         },
     }
+    if any(s.args is not None for s in rec.plan):
+        # An executed plan (ReWOO, plan-execute): the answer call sees every step's evidence.
+        view["evidence"] = {
+            op.plan_step: {k: v for k, v in op.evidence.items() if k != "attempt"}
+            for op in rec.operations.values()
+            if op.plan_step is not None
+            and op.evidence is not None
+            and op.kind.value == "tool"
+            and op.epoch == rec.control_epoch
+        }
     return json.dumps(view, sort_keys=True)
 
 

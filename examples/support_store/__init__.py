@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from examples.support_store.backend import AUTO_LIMIT, SupportStoreBackend
 from examples.support_store.policies import RefundPolicy
-from kernel.agent import AgentProfile, ModelRef
+from kernel.agent import AgentProfile, LoopShape, ModelRef
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
 from kernel.tools import Catalog, DeclaredTool, OnUnknown, ToolKind, tool
@@ -104,6 +104,7 @@ def make_agent(
     name: str = "support_store",
     on_unknown: OnUnknown = OnUnknown.STOP,
     budget: Budget | None = None,
+    loop: LoopShape = LoopShape.REACT,
 ) -> AgentModule:
     """Build the agent module; tests vary the unknown-outcome rule and the budget."""
     tools = [get_order, search_policy, refund_tool(on_unknown), email_tool(on_unknown)]
@@ -111,6 +112,7 @@ def make_agent(
         name=name,
         model=ModelRef(provider="scripted", name="refund-policy", price=PRICE),
         catalog=Catalog.of(t.spec for t in tools),
+        loop=loop,
         budget=budget or Budget(),
     )
     return AgentModule(

@@ -72,3 +72,75 @@ search_loop = Fn(
         "args": {"order_id": "x", "q": f"returns policy {i}"},
     }
 )
+
+
+class RewooRefund:
+    """ReWOO: the planner writes every call up front with #E references; a solver answers.
+
+    The refund takes the order's full total from the first step's result (``#E1.total_cents``),
+    so the reference has to resolve before the refund can be sent.
+    """
+
+    def __init__(self, order: str = "ord_1001", latency: float = 1.5) -> None:
+        self.order, self.latency = order, latency
+
+    def __call__(self, view: dict[str, Any], i: int) -> tuple[dict[str, Any], float]:
+        o = self.order
+        if not view["plan"]:
+            steps = [
+                {"id": "E1", "tool": "get_order", "args": {"order_id": o}},
+                {
+                    "id": "E2",
+                    "tool": "issue_refund",
+                    "depends_on": ["E1"],
+                    "args": {"order_id": o, "amount_cents": "#E1.total_cents", "reason": "damaged"},
+                },
+                {
+                    "id": "E3",
+                    "tool": "send_status_email",
+                    "depends_on": ["E2"],
+                    "args": {"order_id": o},
+                },
+            ]
+            return {"type": "plan", "steps": steps}, self.latency
+        evidence = view.get("evidence", {})
+        ok = all(s["status"] == "done" for s in view["plan"])
+        text = f"Refunded {evidence.get('E2', {}).get('refunded_cents')} cents and e-mailed."
+        outcome = "completed" if ok else "cannot_complete"
+        return {"type": "final", "outcome": outcome, "text": text}, self.latency
+
+
+class ReplanningRefund:
+    """Plan-execute-replan: the first plan reads the wrong order; code sees `not_found`, the
+    planner is re-entered once and plans again with the right order."""
+
+    def __init__(self, wrong: str = "ord_9999", right: str = "ord_1001") -> None:
+        self.wrong, self.right = wrong, right
+
+    def plan(self, o: str) -> dict[str, Any]:
+        return {
+            "type": "plan",
+            "steps": [
+                {"id": "E1", "tool": "get_order", "args": {"order_id": o}},
+                {
+                    "id": "E2",
+                    "tool": "issue_refund",
+                    "depends_on": ["E1"],
+                    "args": {"order_id": o, "amount_cents": 3000, "reason": "damaged"},
+                },
+                {
+                    "id": "E3",
+                    "tool": "send_status_email",
+                    "depends_on": ["E2"],
+                    "args": {"order_id": o},
+                },
+            ],
+        }
+
+    def __call__(self, view: dict[str, Any], i: int) -> dict[str, Any]:
+        last = view.get("last_result") or {}
+        if not view["plan"]:
+            return self.plan(self.wrong)
+        if last.get("code") == "replan":
+            return self.plan(self.right)
+        return {"type": "final", "outcome": "completed", "text": "Refund issued and e-mailed."}
