@@ -52,13 +52,16 @@ def _register_subcommands() -> None:
 
     cli_run.register(app)
     cli_trace.register(app)
+    from ops import cli_ring
+
+    app.add_typer(cli_ring.ring_app, name="ring")
 
 
 def main() -> None:
     """Entry point: run the CLI and turn reins errors into a one-line message and exit 2."""
     _register_subcommands()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except ReinsError as exc:
         err_console.print(f"[bold red]error:[/] {exc}")
         raise SystemExit(2) from None
@@ -71,3 +74,5 @@ def main() -> None:
             exc.show()
             raise SystemExit(exc.exit_code) from None
         raise
+    if isinstance(code, int) and code:  # typer.Exit(code) in non-standalone mode returns it
+        raise SystemExit(code)

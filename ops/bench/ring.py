@@ -1,0 +1,143 @@
+"""``reins bench ring``: the placement ring side by side with uhashring, in one run.
+
+Both rings get the same 200,000 string keys (trajectory-like UUIDs) and the same 20 members.
+uhashring runs at its defaults (160 points per node, md5 as its own hash); reins at its defaults
+(xxh64, :data:`router.ring.DEFAULT_POINTS_PER_WEIGHT` points, bucket index). Each side is timed
+through the same loop calling its own lookup on the raw key, so each hashes its own keys inside
+the timed loop; nothing is precomputed for either. The sides alternate slice by slice and the
+best of several repeats counts per slice, because these machines are shared and noisy.
+
+Also reported, to show the choice of lookup by measurement: the same reins ring with the bucket
+index turned off (plain binary search over the sorted points).
+"""
+
+from __future__ import annotations
+
+import gc
+import platform
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from importlib import metadata
+
+from xxhash import xxh64_intdigest
+
+from kernel.errors import InvalidInput
+from router.ring import DEFAULT_POINTS_PER_WEIGHT, Member, Ring
+
+MEMBERS = 20
+KEYS = 200_000
+QUICK_KEYS = 10_000
+UHASHRING_DEFAULT_POINTS = 160
+_SEED = 20_010_601
+_SLICE = 10_000  # keys per timed slice
+
+
+def run(quick: bool = False) -> dict[str, object]:
+    """Measure lookup speed, balance and movement on add; return one flat JSON-able object."""
+    try:
+        from uhashring import HashRing
+    except ModuleNotFoundError:
+        raise InvalidInput("bench ring needs uhashring: pip install -e '.[bench]'") from None
+    key_count = QUICK_KEYS if quick else KEYS
+    repeats = 2 if quick else 7
+    keys = _keys(key_count)
+    names = [f"worker-{i:02d}" for i in range(MEMBERS)]
+
+    started = time.perf_counter()
+    ring = Ring(Member(name) for name in names)
+    build_s = time.perf_counter() - started
+    plain = Ring((Member(name) for name in names), index_bits=0)
+    peer = HashRing(nodes=names)
+
+    best = _best_times(
+        {"reins": ring.lookup, "bisect": plain.lookup, "uhashring": peer.get_node},
+        keys,
+        repeats,
+    )
+    lookups_per_s = key_count / best["reins"]
+    peer_lookups_per_s = key_count / best["uhashring"]
+
+    placed = [ring.lookup(key) for key in keys]
+    peer_placed = [peer.get_node(key) for key in keys]
+    grown = Ring(Member(name) for name in [*names, "worker-new"])
+    moved = [(old, grown.lookup(key)) for key, old in zip(keys, placed, strict=True)]
+    moved = [(old, new) for old, new in moved if old != new]
+    positions = [xxh64_intdigest(key.encode()) for key in keys]
+    modulo_moved = sum(1 for p in positions if p % MEMBERS != p % (MEMBERS + 1))
+
+    return {
+        "keys": key_count,
+        "members": MEMBERS,
+        "repeats": repeats,
+        "points_per_member": DEFAULT_POINTS_PER_WEIGHT,
+        "uhashring_points_per_member": UHASHRING_DEFAULT_POINTS,
+        "lookups_per_s": round(lookups_per_s),
+        "uhashring_lookups_per_s": round(peer_lookups_per_s),
+        "ratio": round(lookups_per_s / peer_lookups_per_s, 3),
+        "bisect_lookups_per_s": round(key_count / best["bisect"]),
+        "index_speedup_over_bisect": round(best["bisect"] / best["reins"], 3),
+        "ring_build_s": round(build_s, 4),
+        "max_over_mean_load": round(_max_over_mean(placed, MEMBERS), 4),
+        "uhashring_max_over_mean_load": round(_max_over_mean(peer_placed, MEMBERS), 4),
+        "moved_fraction_on_add": round(len(moved) / key_count, 5),
+        "ideal_moved_fraction": round(1 / (MEMBERS + 1), 5),
+        "moved_to_new_member": (
+            round(sum(new == "worker-new" for _, new in moved) / len(moved), 5) if moved else 0.0
+        ),
+        "modulo_moved_fraction": round(modulo_moved / key_count, 5),
+        "python_version": platform.python_version(),
+        "reins_version": _version("reins"),
+        "uhashring_version": _version("uhashring"),
+        "xxhash_version": _version("xxhash"),
+    }
+
+
+def _keys(count: int) -> list[str]:
+    """Deterministic trajectory-like ids, the same on every run."""
+    rng = random.Random(_SEED)
+    return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(count)]
+
+
+def _best_times(
+    lookups: dict[str, Callable[[str], object]], keys: Sequence[str], repeats: int
+) -> dict[str, float]:
+    """Each lookup's time over all ``keys``: per slice of keys, the best of ``repeats`` runs.
+
+    The contenders alternate slice by slice (and swap order every repeat), so a burst of load
+    from a neighbour on this shared machine lands on both sides rather than skewing the ratio.
+    """
+    slices = [keys[i : i + _SLICE] for i in range(0, len(keys), _SLICE)]
+    best = {name: [float("inf")] * len(slices) for name in lookups}
+    order = list(lookups.items())
+    # A collection pause landing in one side's loop would skew the ratio; both run without.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for index, chunk in enumerate(slices):
+                for name, lookup in order:
+                    started = time.perf_counter()
+                    for key in chunk:
+                        lookup(key)
+                    elapsed = time.perf_counter() - started
+                    best[name][index] = min(best[name][index], elapsed)
+            order.reverse()
+    finally:
+        if enabled:
+            gc.enable()
+    return {name: sum(times) for name, times in best.items()}
+
+
+def _max_over_mean(placed: Sequence[object], members: int) -> float:
+    counts = Counter(placed)
+    return max(counts.values()) / (len(placed) / members)
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
