@@ -75,7 +75,7 @@ def on_control(turn: Turn, ev: ControlRequested) -> None:
     )
     if ev.kind is ControlKind.PAUSE:
         if rec.state is S.PAUSED:
-            turn.rows.pop()
+            turn.rows.pop()  # a repeated pause is not a new control action
             rec.chain_length -= 1
             turn.note = "already paused"
             return

@@ -43,7 +43,11 @@ def on_model_reply(turn: Turn, ev: ModelReplied) -> None:
         return
     turn.spend_time(ev.latency_s)
     attempt = op.attempts[-1]
-    op.evidence = {"status": ev.status.value, "content": ev.content, "raw": ev.raw}
+    # The proposal itself goes to the chain; the record keeps only what decisions need,
+    # plus the raw text of any reply that did not complete, for diagnostics.
+    op.evidence = {"status": ev.status.value}
+    if ev.status is not ReplyStatus.COMPLETED and ev.raw is not None:
+        op.evidence["raw"] = ev.raw
     if ev.usage is not None:
         rec.ledger.settle(attempt, model_call_charge(turn.ctx.agent.model.price, ev.usage))
         op.status = OpStatus.SETTLED
@@ -57,7 +61,7 @@ def on_model_reply(turn: Turn, ev: ModelReplied) -> None:
         tokens_in=(usage.uncached_input + usage.cached_input) if usage else 0,
         tokens_out=usage.output if usage else 0,
         duration_s=ev.latency_s,
-        detail={"timed_out": ev.timed_out} if ev.timed_out else None,
+        detail={"proposal": ev.content, "timed_out": ev.timed_out},
     )
     current = rec.state is S.CALLING_MODEL and op.eligible and op.epoch == rec.control_epoch
     if not current:
@@ -65,6 +69,9 @@ def on_model_reply(turn: Turn, ev: ModelReplied) -> None:
         turn.quarantined = IllegalTransition(
             rec.state.value, "WAITING_TOOL", ev.call_id, "reply is no longer eligible"
         )
+        op.evidence["quarantined"] = True
+        if ev.raw is not None:
+            op.evidence["raw"] = ev.raw
         op.eligible = False
         return
     op.eligible = False

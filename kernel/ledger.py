@@ -69,6 +69,17 @@ class Ledger(BaseModel):
             dollars=MoneyAccount(allowance=budget.max_cost, reserve=r.dollars),
         )
 
+    def clone(self) -> Ledger:
+        """A copy whose accounts and reservation table can change independently."""
+        from kernel.record import shallow_copy
+
+        new = shallow_copy(self)
+        d = new.__dict__
+        for name in ("steps", "tool_calls", "tokens", "dollars"):
+            d[name] = shallow_copy(d[name])
+        d["reservations"] = dict(self.reservations)
+        return new
+
     def account(self, dim: Dimension) -> Account:
         """The account of one dimension."""
         acct: Account = getattr(self, dim.value)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +27,19 @@ from kernel.states import LifecycleState, StopReason
 SCHEMA_VERSION = 1
 
 JsonScalar = str | int | float | bool | None
+M = TypeVar("M", bound=BaseModel)
+
+
+def shallow_copy(model: M) -> M:
+    """A shallow copy of a pydantic model without re-validation (``model_copy`` minus its
+    overhead, which shows on the kernel's hot path)."""
+    cls = model.__class__
+    new = cls.__new__(cls)
+    object.__setattr__(new, "__dict__", model.__dict__.copy())
+    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__)
+    object.__setattr__(new, "__pydantic_extra__", None)
+    object.__setattr__(new, "__pydantic_private__", None)
+    return new
 
 
 class StepStatus(StrEnum):
@@ -237,6 +250,33 @@ class TrajectoryRecord(BaseModel):
             submitted_at=now,
             grants=grants or Grants(),
         )
+
+    def clone(self) -> TrajectoryRecord:
+        """A copy the kernel may mutate without touching this record.
+
+        Cheaper than a deep copy: frozen values (budget, amounts, evidence that is only ever
+        replaced) are shared; every container the kernel mutates in place is copied. The
+        step function's tests check that its input is never changed.
+        """
+        new = shallow_copy(self)
+        d = new.__dict__
+        d["plan"] = [shallow_copy(step) for step in self.plan]
+        d["facts"] = dict(self.facts)
+        d["ledger"] = self.ledger.clone()
+        d["seen"] = dict(self.seen)
+        d["error_streak"] = shallow_copy(self.error_streak)
+        d["grants"] = shallow_copy(self.grants)
+        # A settled operation that no longer expects a result is never changed again, so it
+        # is shared; every other one is copied, with its list of attempts.
+        ops: dict[str, Operation] = {}
+        for k, op in self.operations.items():
+            if op.open or op.eligible:
+                op = shallow_copy(op)
+                op.__dict__["attempts"] = list(op.attempts)
+            ops[k] = op
+        d["operations"] = ops
+        d["held"] = shallow_copy(self.held) if self.held is not None else None
+        return new
 
     # --- serialisation ---------------------------------------------------------------------
 

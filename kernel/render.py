@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernel.plan import open_steps
-from kernel.record import TrajectoryRecord
+from kernel.record import PlanStep, TrajectoryRecord
 
 Estimator = Callable[[str], int]
 
@@ -22,7 +22,7 @@ def render(rec: TrajectoryRecord) -> str:
     led = rec.ledger
     view: dict[str, Any] = {
         "goal": rec.goal,
-        "plan": [s.model_dump(mode="json") for s in rec.plan],
+        "plan": [_step_view(s) for s in rec.plan],
         "facts": rec.facts,
         "last_result": rec.last_observation,
         "remaining": {
@@ -44,6 +44,18 @@ def render(rec: TrajectoryRecord) -> str:
             and op.epoch == rec.control_epoch
         }
     return json.dumps(view, sort_keys=True)
+
+
+def _step_view(step: PlanStep) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": step.id,
+        "tool": step.tool,
+        "depends_on": step.depends_on,
+        "status": step.status.value,
+    }
+    if step.args is not None:
+        view["args"] = step.args
+    return view
 
 
 def bound_result(

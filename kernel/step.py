@@ -78,11 +78,11 @@ class Turn:
     """The mutable working state of one step: a private copy of the record plus outputs."""
 
     def __init__(self, rec: TrajectoryRecord, ctx: KernelContext, now: float) -> None:
-        self.rec = rec.model_copy(deep=True)
+        self.rec = rec.clone()
         self.ctx = ctx
         self.now = now
         self.commands: list[Command] = []
-        self.rows: list[ChainRow] = []
+        self.rows: list[dict[str, Any]] = []  # chain rows, completed in result()
         self.quarantined: IllegalTransition | None = None
         self.note: str | None = None
 
@@ -100,20 +100,20 @@ class Turn:
         transition(self.rec, target, self.decide(cause, stop), self.now)
 
     def row(self, kind: RowKind, **fields: Any) -> None:
-        """Append one row to the execution chain."""
+        """Append one row to the execution chain (built in :meth:`result`, with the version
+        the step commits at)."""
         rec = self.rec
         self.rows.append(
-            ChainRow(
-                trajectory_id=rec.trajectory_id,
-                tenant=rec.tenant,
-                user=rec.user,
-                index=rec.chain_length,
-                step=rec.turn,
-                kind=kind,
-                record_version=rec.record_version,
-                at=self.now,
+            {
+                "trajectory_id": rec.trajectory_id,
+                "tenant": rec.tenant,
+                "user": rec.user,
+                "index": rec.chain_length,
+                "step": rec.turn,
+                "kind": kind,
+                "at": self.now,
                 **fields,
-            )
+            }
         )
         rec.chain_length += 1
 
@@ -140,8 +140,10 @@ class Turn:
         self.rec.error_streak.kind, self.rec.error_streak.count = None, 0
 
     def result(self) -> StepResult:
-        """Package the outcome."""
-        return StepResult(self.rec, self.commands, self.rows, self.quarantined, self.note)
+        """Package the outcome; the chain rows carry the version they are committed with."""
+        version = self.rec.record_version
+        rows = [ChainRow(record_version=version, **r) for r in self.rows]
+        return StepResult(self.rec, self.commands, rows, self.quarantined, self.note)
 
     # --- ending a turn and ending the run ------------------------------------------------
 
@@ -207,6 +209,8 @@ def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
     if not turn.rows and not turn.commands and turn.quarantined is None:
         # Nothing happened: return the caller's record untouched, so no version is spent.
         return StepResult(rec, note=turn.note)
+    if turn.rec.record_version == rec.record_version:
+        turn.rec.record_version += 1  # every committed change is a new version
     return turn.result()
 
 
