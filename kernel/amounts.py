@@ -34,14 +34,23 @@ class Amounts(BaseModel):
     tokens: int = Field(0, ge=0)
     dollars: Decimal = Field(ZERO, ge=0)
 
+    @classmethod
+    def of(
+        cls, steps: int = 0, tool_calls: int = 0, tokens: int = 0, dollars: Decimal = ZERO
+    ) -> Amounts:
+        """Build from values the kernel computed itself (no re-validation on the hot path)."""
+        return cls.model_construct(
+            steps=steps, tool_calls=tool_calls, tokens=tokens, dollars=dollars
+        )
+
     def get(self, dim: Dimension) -> int | Decimal:
         """The component for one dimension."""
-        value: int | Decimal = getattr(self, dim.value)
+        value: int | Decimal = self.__dict__[dim]
         return value
 
     def plus(self, other: Amounts) -> Amounts:
         """Componentwise sum."""
-        return Amounts(
+        return Amounts.of(
             steps=self.steps + other.steps,
             tool_calls=self.tool_calls + other.tool_calls,
             tokens=self.tokens + other.tokens,
@@ -50,10 +59,11 @@ class Amounts(BaseModel):
 
     def fits_within(self, other: Amounts) -> bool:
         """True when every component is at most the other's."""
-        return all(self.get(d) <= other.get(d) for d in Dimension)
+        return all(self.get(d) <= other.get(d) for d in DIMENSIONS)
 
 
 NOTHING = Amounts()
+DIMENSIONS: tuple[Dimension, ...] = tuple(Dimension)
 
 
 class ModelPrice(BaseModel):
@@ -85,7 +95,7 @@ def model_call_liability(price: ModelPrice, input_tokens: int, output_cap: int) 
     """Equation 2 of seed 004: the whole prompt at the undiscounted input price plus the
     full output allowance; one step; the token meter sees the input plus the output cap."""
     dollars = (price.input_per_m * input_tokens + price.output_per_m * output_cap) / MILLION
-    return Amounts(steps=1, tokens=input_tokens + output_cap, dollars=dollars)
+    return Amounts.of(steps=1, tokens=input_tokens + output_cap, dollars=dollars)
 
 
 def model_call_charge(price: ModelPrice, usage: Usage) -> Amounts:
@@ -95,14 +105,14 @@ def model_call_charge(price: ModelPrice, usage: Usage) -> Amounts:
         + price.cached_input_per_m * usage.cached_input
         + price.output_per_m * usage.output
     ) / MILLION
-    return Amounts(steps=1, tokens=usage.total, dollars=dollars)
+    return Amounts.of(steps=1, tokens=usage.total, dollars=dollars)
 
 
 def tool_call_liability(dollar_bound: Decimal) -> Amounts:
     """A tool call's liability: one tool call and the dollar bound its declaration gives."""
-    return Amounts(tool_calls=1, dollars=dollar_bound)
+    return Amounts.of(tool_calls=1, dollars=dollar_bound)
 
 
 def tool_call_charge(dollars: Decimal) -> Amounts:
     """The settled charge of one tool call."""
-    return Amounts(tool_calls=1, dollars=dollars)
+    return Amounts.of(tool_calls=1, dollars=dollars)

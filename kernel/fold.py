@@ -11,7 +11,13 @@ from decimal import Decimal
 from typing import Any
 
 from kernel import shapes
-from kernel.amounts import Amounts, model_call_charge, tool_call_charge, tool_call_liability
+from kernel.amounts import (
+    NOTHING,
+    Amounts,
+    model_call_charge,
+    tool_call_charge,
+    tool_call_liability,
+)
 from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
 from kernel.events import DispatchTool, HoldForApproval, LookupEffect, ModelReplied, ReplyStatus
@@ -271,7 +277,7 @@ def dispatch(
     for j, (spec, args, plan_step) in enumerate(calls):
         call_id = f"{rec.trajectory_id}/t{tool_ops + j + 1}"
         planned.append(
-            Operation(
+            Operation.model_construct(
                 op_id=call_id,
                 call_id=call_id,
                 kind=OpKind.TOOL,
@@ -293,7 +299,7 @@ def dispatch(
                 done.append(op.attempts[0])
         except AdmissionRefused:
             for attempt in done:  # not sent: nothing left the process, so nothing is owed
-                r.ledger.settle(attempt, Amounts())
+                r.ledger.settle(attempt, NOTHING)
             raise
         for op in planned:
             r.operations[op.op_id] = op
@@ -362,7 +368,7 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
         # earlier attempts (sent, so counted, but without effect); then re-send under the key.
         for attempt in op.attempts:
             if attempt in rec.ledger.reservations:
-                rec.ledger.settle(attempt, Amounts(tool_calls=1))
+                rec.ledger.settle(attempt, Amounts.of(tool_calls=1))
     unknown = status == "unknown" or (ev.looked_up and status == "absent")
     if unknown and spec is not None and spec.kind is ToolKind.WRITE:
         _on_unknown(turn, op, spec, ev)
@@ -395,11 +401,11 @@ def _settle_tool(turn: Turn, op: Operation, ev: ToolResultEvent) -> None:
         if attempt == ev.attempt_id or ev.looked_up:
             if ev.charge is None and held.dollars > 0:
                 # The call happened, the bill has not come: count the call, keep the dollars.
-                led.settle(attempt, Amounts(tool_calls=held.tool_calls), final=False)
+                led.settle(attempt, Amounts.of(tool_calls=held.tool_calls), final=False)
                 continue
             led.settle(attempt, tool_call_charge(ev.charge or Decimal(0)))
         elif held.dollars == 0:
-            led.settle(attempt, Amounts(tool_calls=held.tool_calls))
+            led.settle(attempt, Amounts.of(tool_calls=held.tool_calls))
     op.status = (
         OpStatus.SETTLED
         if not any(a in led.reservations for a in op.attempts)

@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernel.amounts import ZERO, Amounts, Dimension
+from kernel.amounts import DIMENSIONS, NOTHING, ZERO, Amounts, Dimension
 from kernel.budget import Budget
 from kernel.errors import AdmissionRefused, InvalidInput, UnknownReference
 
@@ -82,7 +82,7 @@ class Ledger(BaseModel):
 
     def account(self, dim: Dimension) -> Account:
         """The account of one dimension."""
-        acct: Account = getattr(self, dim.value)
+        acct: Account = self.__dict__[dim]
         return acct
 
     # --- reading -------------------------------------------------------------------------
@@ -100,7 +100,7 @@ class Ledger(BaseModel):
 
     def first_misfit(self, liability: Amounts, *, finalizing: bool = False) -> Dimension | None:
         """The first dimension in which the liability does not fit, or None if it fits."""
-        for dim in Dimension:
+        for dim in DIMENSIONS:
             needed = liability.get(dim)
             if needed and needed > self.headroom(dim, finalizing=finalizing):
                 return dim
@@ -119,7 +119,7 @@ class Ledger(BaseModel):
 
     def outstanding(self) -> Amounts:
         """The sum of outstanding reservations."""
-        return Amounts(
+        return Amounts.of(
             steps=self.steps.reserved,
             tool_calls=self.tool_calls.reserved,
             tokens=self.tokens.reserved,
@@ -128,7 +128,7 @@ class Ledger(BaseModel):
 
     def settled(self) -> Amounts:
         """The settled consumption."""
-        return Amounts(
+        return Amounts.of(
             steps=self.steps.actual,
             tool_calls=self.tool_calls.actual,
             tokens=self.tokens.actual,
@@ -151,7 +151,7 @@ class Ledger(BaseModel):
                 dim.value, liability.get(dim), self.headroom(dim, finalizing=finalizing)
             )
         self.reservations[op_id] = liability
-        for d in Dimension:
+        for d in DIMENSIONS:
             amount = liability.get(d)
             if amount:
                 acct = self.account(d)
@@ -175,7 +175,7 @@ class Ledger(BaseModel):
         else:
             remaining = _clamped_minus(held, usage)
             consumed = _clamped_minus(held, remaining)
-        for d in Dimension:
+        for d in DIMENSIONS:
             acct = self.account(d)
             acct.actual += usage.get(d)
             acct.reserved -= consumed.get(d)
@@ -183,11 +183,11 @@ class Ledger(BaseModel):
             del self.reservations[op_id]
             return _clamped_minus(held, usage)
         self.reservations[op_id] = remaining
-        return Amounts()
+        return NOTHING
 
 
 def _clamped_minus(a: Amounts, b: Amounts) -> Amounts:
-    return Amounts(
+    return Amounts.of(
         steps=max(0, a.steps - b.steps),
         tool_calls=max(0, a.tool_calls - b.tool_calls),
         tokens=max(0, a.tokens - b.tokens),

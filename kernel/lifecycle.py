@@ -9,9 +9,8 @@ every exit passes FINALIZING, and nothing goes from an acting state straight to 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
-
-from pydantic import BaseModel, ConfigDict
 
 from kernel.errors import IllegalTransition, StaleDecision
 from kernel.record import ControlKind, TrajectoryRecord
@@ -53,10 +52,9 @@ LEGAL: frozenset[tuple[S, S]] = frozenset(
 )
 
 
-class Decision(BaseModel):
+@dataclass(frozen=True, slots=True)
+class Decision:
     """A request to move along one edge, formed on a record version the caller saw."""
-
-    model_config = ConfigDict(frozen=True)
 
     decision_id: str
     seen_version: int

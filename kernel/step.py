@@ -142,7 +142,7 @@ class Turn:
     def result(self) -> StepResult:
         """Package the outcome; the chain rows carry the version they are committed with."""
         version = self.rec.record_version
-        rows = [ChainRow(record_version=version, **r) for r in self.rows]
+        rows = [ChainRow.model_construct(record_version=version, **r) for r in self.rows]
         return StepResult(self.rec, self.commands, rows, self.quarantined, self.note)
 
     # --- ending a turn and ending the run ------------------------------------------------
@@ -256,7 +256,7 @@ def admit(turn: Turn) -> None:
 
     def register(r: TrajectoryRecord) -> None:
         r.ledger.admit(attempt, liability)  # may raise AdmissionRefused: nothing changes
-        r.operations[call_id] = Operation(
+        r.operations[call_id] = Operation.model_construct(
             op_id=call_id,
             call_id=call_id,
             kind=OpKind.MODEL,
