@@ -15,7 +15,7 @@ from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
 from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue
 from kernel.lifecycle import Cause
-from kernel.record import ApprovalStatus, ControlKind, PendingControl
+from kernel.record import ApprovalStatus, ControlKind, OpStatus, PendingControl
 from kernel.states import LIVE, LifecycleState, StopReason
 from kernel.step import Turn
 
@@ -61,7 +61,37 @@ def carry_out_hold(turn: Turn) -> None:
 
 
 def on_control(turn: Turn, ev: ControlRequested) -> None:
-    """Pause, resume, cancel, kill or interrupt; each recorded in the chain."""
+    """Pause, resume, cancel, kill or interrupt; each recorded in the chain.
+
+    The answer (``StepResult.ack``) tells three milestones apart: the request was received,
+    new admission is stopped, and running work is confirmed stopped (no operation is still
+    open; otherwise their call ids are listed as outstanding, still owned and reserved).
+    """
+    _apply_control(turn, ev)
+    rec = turn.rec
+    outstanding = sorted(
+        op.call_id
+        for op in rec.operations.values()
+        if op.open or op.status is OpStatus.HANDED_OFF
+    )
+    holding = rec.pending_control is not None or rec.state.value in (
+        "PAUSED",
+        "FINALIZING",
+        "COMPLETED",
+        "FAILED",
+        "CANCELED",
+    )
+    turn.ack = {
+        "request_id": ev.request_id,
+        "received": True,
+        "admission_stopped": holding and ev.kind is not ControlKind.RESUME,
+        "running_work_stopped": not outstanding,
+        "outstanding": outstanding,
+        "state": rec.state.value,
+    }
+
+
+def _apply_control(turn: Turn, ev: ControlRequested) -> None:
     rec = turn.rec
     if rec.state not in LIVE:
         raise IllegalTransition(rec.state.value, ev.kind.value, ev.request_id, "run has ended")

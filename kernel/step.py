@@ -67,6 +67,7 @@ class StepResult:
     rows: list[ChainRow] = field(default_factory=list)
     quarantined: IllegalTransition | None = None  # a reply kept only as diagnostics
     note: str | None = None  # why nothing happened (duplicate, not admitted, ...)
+    ack: dict[str, Any] | None = None  # a control request's milestones (received, stopped...)
 
     @property
     def changed(self) -> bool:
@@ -85,6 +86,7 @@ class Turn:
         self.rows: list[dict[str, Any]] = []  # chain rows, completed in result()
         self.quarantined: IllegalTransition | None = None
         self.note: str | None = None
+        self.ack: dict[str, Any] | None = None
 
     # --- small helpers used by every handler -------------------------------------------
 
@@ -143,7 +145,7 @@ class Turn:
         """Package the outcome; the chain rows carry the version they are committed with."""
         version = self.rec.record_version
         rows = [ChainRow.model_construct(record_version=version, **r) for r in self.rows]
-        return StepResult(self.rec, self.commands, rows, self.quarantined, self.note)
+        return StepResult(self.rec, self.commands, rows, self.quarantined, self.note, self.ack)
 
     # --- ending a turn and ending the run ------------------------------------------------
 
@@ -208,7 +210,7 @@ def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
         raise TypeError(f"not an event: {event!r}")
     if not turn.rows and not turn.commands and turn.quarantined is None:
         # Nothing happened: return the caller's record untouched, so no version is spent.
-        return StepResult(rec, note=turn.note)
+        return StepResult(rec, note=turn.note, ack=turn.ack)
     if turn.rec.record_version == rec.record_version:
         turn.rec.record_version += 1  # every committed change is a new version
     return turn.result()
