@@ -1,0 +1,269 @@
+"""``reins bench admitter``: admission speed, share accuracy, and noisy-neighbour isolation.
+
+Two parts, both in one process with simulated time (nothing sleeps):
+
+1. **Backlogged.** Three tenants of weights 3:2:1, each with its own mix of call sizes (2,500
+   to 64,000 charge tokens), stay backlogged: every admitted trajectory returns to READY with
+   its next call. The timed loop is the router's admission path: ``nominate``, ``commit``
+   (which also feeds the fairness figures) and ``requeue``. Reported: admissions per second
+   (best of several chunks, as timeit does, because these machines are shared; the median
+   chunk beside it), the largest
+   gap in percentage points between a tenant's share of the admitted charge and its weight
+   share, and Jain's index from the admitter's own sliding-window figures.
+2. **Noisy neighbour.** A provider of fixed throughput serves one call at a time. A quiet
+   tenant submits Poisson at 20 % of its share; an equal-weight neighbour submits either as
+   much (baseline) or 100 times as much (loud; far beyond the provider, so its ``max_ready``
+   refuses the excess). Reported: the quiet tenant's p99 admission wait, loud over baseline,
+   for the admitter and for FIFO admission (the peer) over the same arrivals. Call sizes are
+   the seed's interactive call (2,000 input + 500 output) for both tenants; the same run with
+   mixed sizes is reported beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import statistics
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Protocol
+
+from kernel.errors import SubmissionRefused
+from router.admitter import Admitter
+from router.fairness import jain_index
+from router.tenants import AdmissionConfig
+
+# --- part 1: backlogged tenants -------------------------------------------------------------
+
+#: (tenant, weight, mix of (probability, input tokens, output allowance))
+BACKLOGGED = (
+    ("support", 3, ((0.7, 2_000, 500), (0.3, 10_000, 2_000))),
+    ("repair", 2, ((0.5, 10_000, 2_000), (0.5, 30_000, 4_000))),
+    ("maintenance", 1, ((0.5, 40_000, 2_000), (0.5, 60_000, 4_000))),
+)
+BACKLOG_QUANTUM = 10_000  # seed 004's exercise: 10,000 charge tokens per unit weight per round
+BACKLOG_CAP = 100_000  # >= largest call (64,000) + largest quantum (30,000): no clipping
+PROVIDER_TOKENS_PER_S = 1_000_000.0  # advances the simulated clock, so the window means something
+TRAJECTORIES_PER_TENANT = 64
+
+# --- part 2: noisy neighbour ----------------------------------------------------------------
+
+NOISY_PROVIDER_TOKENS_PER_S = 100_000.0
+NOISY_QUANTUM = 5_000  # two interactive calls per visit
+INTERACTIVE = ((1.0, 2_000, 500),)
+MIXED = ((0.8, 2_000, 500), (0.2, 10_000, 2_000))
+QUIET_SHARE_FRACTION = 0.2
+LOUD_FACTOR = 100
+NOISY_MAX_READY = 1_000
+
+
+def run(quick: bool = False) -> dict[str, object]:
+    """Run both parts; ``quick`` is a smaller run for smoke tests (same fields)."""
+    backlog = _backlogged(chunks=2 if quick else 5, chunk=5_000 if quick else 50_000)
+    quiet_calls = 300 if quick else 5_000
+    result: dict[str, object] = {"quick": quick, **backlog}
+    for label, mix in (("", INTERACTIVE), ("_mixed_sizes", MIXED)):
+        for kind in ("drr", "fifo"):
+            base = _noisy(kind, mix, quiet_calls, loud=False)
+            loud = _noisy(kind, mix, quiet_calls, loud=True)
+            prefix = "" if kind == "drr" else "fifo_"
+            result[f"{prefix}noisy_neighbor_p99_ratio{label}"] = round(loud / base, 3)
+            result[f"{prefix}noisy_neighbor_baseline_p99_s{label}"] = round(base, 6)
+            result[f"{prefix}noisy_neighbor_loud_p99_s{label}"] = round(loud, 6)
+    result["noisy_neighbor_quiet_calls"] = quiet_calls
+    return result
+
+
+def _config(
+    tenants: list[tuple[str, float, int]], quantum: int, cap: int, max_ready: int
+) -> AdmissionConfig:
+    return AdmissionConfig.from_mapping(
+        {
+            "quantum_tokens": quantum,
+            "credit_cap_tokens": cap,
+            "tenants": [
+                {"name": n, "weight": w, "max_ready": max_ready, "largest_call_tokens": largest}
+                for n, w, largest in tenants
+            ],
+        }
+    )
+
+
+def _sizes(rng: random.Random, mix: tuple[tuple[float, int, int], ...]) -> tuple[int, int]:
+    draw = rng.random()
+    for probability, input_tokens, output_allowance in mix:
+        draw -= probability
+        if draw < 0:
+            return input_tokens, output_allowance
+    return mix[-1][1], mix[-1][2]
+
+
+def _backlogged(chunks: int, chunk: int) -> dict[str, object]:
+    rng = random.Random(8)
+    config = _config(
+        [(n, w, max(i + o for _, i, o in mix)) for n, w, mix in BACKLOGGED],
+        BACKLOG_QUANTUM,
+        BACKLOG_CAP,
+        max_ready=TRAJECTORIES_PER_TENANT,
+    )
+    clock = [0.0]
+    admitter = Admitter(config, lambda: clock[0])
+    # Sizes are drawn before timing so the loop measures the admitter, not the RNG.
+    sequences = {n: [_sizes(rng, mix) for _ in range(4096)] for n, _, mix in BACKLOGGED}
+    for name, _, _ in BACKLOGGED:
+        for k in range(TRAJECTORIES_PER_TENANT):
+            i, o = sequences[name][k]
+            admitter.submit(name, f"{name}-{k}", input_tokens=i, output_allowance=o)
+    nominate, commit, requeue = admitter.nominate, admitter.commit, admitter.requeue
+    charge = dict.fromkeys(sequences, 0)
+    turn = dict.fromkeys(sequences, TRAJECTORIES_PER_TENANT)
+    rates: list[float] = []
+    for c in range(chunks + 1):  # chunk 0 warms up and is neither timed nor counted
+        started = time.perf_counter()
+        for _ in range(chunk):
+            nomination = nominate()
+            assert nomination is not None  # backlogged by construction
+            commit(nomination)
+            call = nomination.call
+            tenant = call.tenant
+            clock[0] += call.charge / PROVIDER_TOKENS_PER_S
+            if c:
+                charge[tenant] += call.charge
+            k = turn[tenant] = turn[tenant] + 1
+            i, o = sequences[tenant][k & 4095]
+            requeue(tenant, call.trajectory_id, input_tokens=i, output_allowance=o)
+        elapsed = time.perf_counter() - started
+        if c:
+            rates.append(chunk / elapsed)
+    total = sum(charge.values())
+    weight_total = sum(w for _, w, _ in BACKLOGGED)
+    errors = [abs(charge[n] / total - w / weight_total) * 100 for n, w, _ in BACKLOGGED]
+    figures = admitter.figures()
+    return {
+        "admissions": chunks * chunk,
+        "admissions_per_s": round(max(rates)),
+        "admissions_per_s_median": round(statistics.median(rates)),
+        "charge_share_pct": {n: round(100 * charge[n] / total, 3) for n in charge},
+        "weight_share_pct": {n: round(100 * w / weight_total, 3) for n, w, _ in BACKLOGGED},
+        "max_share_error_pct_pt": round(max(errors), 4),
+        "jain_index": round(figures.jain_index or 0.0, 6),
+        "jain_index_window_s": figures.window_s,
+        "jain_index_whole_run": round(
+            jain_index([charge[n] / w for n, w, _ in BACKLOGGED]) or 0.0, 6
+        ),
+    }
+
+
+# --- part 2 ---------------------------------------------------------------------------------
+
+
+class _Discipline(Protocol):
+    def offer(self, tenant: str, key: str, size: tuple[int, int], now: float) -> None: ...
+    def backlogged(self) -> bool: ...
+    def admit(self) -> tuple[str, int, float]: ...
+
+
+class _Weighted:
+    """The admitter under test, seen through the simulation's three verbs."""
+
+    def __init__(self, clock: list[float], mix: tuple[tuple[float, int, int], ...]) -> None:
+        largest = max(i + o for _, i, o in mix)
+        config = _config(
+            [("quiet", 1, largest), ("neighbour", 1, largest)],
+            NOISY_QUANTUM,
+            largest + NOISY_QUANTUM,
+            max_ready=NOISY_MAX_READY,
+        )
+        self.admitter = Admitter(config, lambda: clock[0])
+
+    def offer(self, tenant: str, key: str, size: tuple[int, int], now: float) -> None:
+        # Over max_ready the loud neighbour is refused at the door, as the router would refuse it.
+        with contextlib.suppress(SubmissionRefused):
+            self.admitter.submit(tenant, key, input_tokens=size[0], output_allowance=size[1])
+
+    def backlogged(self) -> bool:
+        return any(lane.queued for lane in self.admitter.state.lanes)
+
+    def admit(self) -> tuple[str, int, float]:
+        nomination = self.admitter.nominate()
+        assert nomination is not None
+        wait = self.admitter.commit(nomination)
+        return nomination.call.tenant, nomination.call.charge, wait
+
+
+class _Fifo:
+    """The peer: one queue in arrival order, the same max_ready per tenant."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+        self.queue: deque[tuple[str, int, float]] = deque()
+        self.depth: dict[str, int] = {}
+
+    def offer(self, tenant: str, key: str, size: tuple[int, int], now: float) -> None:
+        if self.depth.get(tenant, 0) < NOISY_MAX_READY:
+            self.queue.append((tenant, size[0] + size[1], now))
+            self.depth[tenant] = self.depth.get(tenant, 0) + 1
+
+    def backlogged(self) -> bool:
+        return bool(self.queue)
+
+    def admit(self) -> tuple[str, int, float]:
+        tenant, charge, ready_at = self.queue.popleft()
+        self.depth[tenant] -= 1
+        return tenant, charge, self.clock[0] - ready_at
+
+
+def _poisson(
+    seed: int, rate: float, horizon: float, mix: tuple[tuple[float, int, int], ...]
+) -> Iterator[tuple[float, tuple[int, int]]]:
+    rng = random.Random(seed)
+    t = rng.expovariate(rate)
+    while t <= horizon:
+        yield t, _sizes(rng, mix)
+        t += rng.expovariate(rate)
+
+
+def _noisy(
+    kind: str, mix: tuple[tuple[float, int, int], ...], quiet_calls: int, *, loud: bool
+) -> float:
+    """The quiet tenant's p99 admission wait (simulated seconds) under one discipline."""
+    mean_charge = sum(p * (i + o) for p, i, o in mix)
+    share = NOISY_PROVIDER_TOKENS_PER_S / 2  # equal weights
+    rate = QUIET_SHARE_FRACTION * share / mean_charge
+    horizon = quiet_calls / rate
+    clock = [0.0]
+    discipline: _Discipline = _Weighted(clock, mix) if kind == "drr" else _Fifo(clock)
+    # Same seeds for every discipline and both loads: only the neighbour's rate differs.
+    streams = {
+        "quiet": _poisson(11, rate, horizon, mix),
+        "neighbour": _poisson(12, rate * (LOUD_FACTOR if loud else 1), horizon, mix),
+    }
+    upcoming = {name: next(stream, None) for name, stream in streams.items()}
+    waits: list[float] = []
+    free_at = 0.0
+    serial = 0
+    while True:
+        name = min(upcoming, key=lambda n: _at(upcoming[n]))
+        arrival = upcoming[name]
+        next_arrival = _at(arrival)
+        if discipline.backlogged() and max(free_at, clock[0]) <= next_arrival:
+            clock[0] = max(free_at, clock[0])
+            tenant, charge, wait = discipline.admit()
+            if tenant == "quiet":
+                waits.append(wait)
+            free_at = clock[0] + charge / NOISY_PROVIDER_TOKENS_PER_S
+            continue
+        if arrival is None:
+            break
+        clock[0] = arrival[0]
+        serial += 1
+        discipline.offer(name, f"{name}-{serial}", arrival[1], arrival[0])
+        upcoming[name] = next(streams[name], None)
+    waits.sort()
+    return waits[max(0, math.ceil(0.99 * len(waits)) - 1)]
+
+
+def _at(arrival: tuple[float, tuple[int, int]] | None) -> float:
+    return math.inf if arrival is None else arrival[0]

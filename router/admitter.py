@@ -1,0 +1,286 @@
+"""The admitter: tenants' READY model calls in, one admitted call at a time out, fairly.
+
+This is the in-memory admitter; issue 9's Redis admitter must behave the same. It validates
+at the edge (:meth:`Admitter.submit`, :meth:`Admitter.requeue`), so the per-pick path runs on
+plain state (:mod:`router.drr`) with no pydantic objects.
+
+Admission is a three-step conversation, because a pick is a nomination, not a grant::
+
+    nomination = admitter.nominate()          # who is next by weighted deficit round-robin
+    if nomination and admission_check(nomination.call):   # quota gates, the kernel's guard
+        admitter.commit(nomination)           # charge deducted, call dequeued
+    elif nomination:
+        admitter.decline(nomination)          # nothing deducted; call stays READY at the head
+
+A declined tenant keeps its credit and its place in its own queue; the next nomination looks
+at the other tenants first, so one tenant's closed gate does not stall the rest.
+
+The clock is injected (``Callable[[], float]``, seconds); tests and the bench pass simulated time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kernel.amounts import Dimension
+from kernel.budget import Budget
+from kernel.errors import SubmissionRefused, UnknownTenant
+from kernel.states import StopReason
+from router import drr
+from router.drr import DrrState, Nomination, ReadyCall
+from router.fairness import FairnessBook, FairnessFigures
+from router.tenants import AdmissionConfig, TenantConfig
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizeNow:
+    """A trajectory that must not wait: finalize it at once with ``stop_reason``."""
+
+    trajectory_id: str
+    stop_reason: StopReason
+    why: str
+
+
+def build_state(config: AdmissionConfig) -> DrrState:
+    """The empty scheduler state for a validated configuration; lanes follow its tenant order."""
+    lanes = []
+    for t in config.tenants:
+        # Class quanta only order a tenant's own classes (the tenant quantum sets its share);
+        # the same base quantum keeps both levels in charge tokens under one credit cap.
+        classes = [
+            drr.ClassLane(name=name, quantum=round(config.quantum_tokens * w))
+            for name, w in zip(t.class_names, t.class_weights, strict=True)
+        ]
+        quantum = round(config.quantum_tokens * t.weight)
+        lanes.append(drr.TenantLane(name=t.name, quantum=quantum, classes=classes))
+    return DrrState(credit_cap=config.credit_cap_tokens, lanes=lanes)
+
+
+class Admitter:
+    """Per-tenant FIFO queues of READY calls and a weighted deficit round-robin over them.
+
+    Not thread-safe: one owner drives it (the router's admission loop). Every method that
+    refuses input raises before changing anything.
+    """
+
+    def __init__(self, config: AdmissionConfig, clock: Clock) -> None:
+        self.config = config
+        self._clock = clock
+        self._state = build_state(config)
+        self._lane_of = {t.name: i for i, t in enumerate(config.tenants)}
+        self._class_of = [{c: k for k, c in enumerate(t.class_names)} for t in config.tenants]
+        self._where: dict[str, tuple[int, int, ReadyCall]] = {}
+        self._book = FairnessBook(
+            names=[t.name for t in config.tenants],
+            weights=[t.weight for t in config.tenants],
+            wait_buckets_s=config.wait_buckets_s,
+            window_s=config.fairness_window_s,
+        )
+
+    @property
+    def state(self) -> DrrState:
+        """The scheduler state, for mirroring and inspection; callers must not mutate it."""
+        return self._state
+
+    # --- edge: validated entry ----------------------------------------------------------------
+
+    def submit(
+        self,
+        tenant: str,
+        trajectory_id: str,
+        *,
+        input_tokens: int,
+        output_allowance: int,
+        service_class: str | None = None,
+        budget: Budget | None = None,
+    ) -> ReadyCall:
+        """Queue a newly submitted trajectory's first model call, or refuse it changing nothing.
+
+        Raises :class:`UnknownTenant` for a tenant not configured and :class:`SubmissionRefused`
+        for an unknown class, a duplicate trajectory, a call larger than the tenant's largest
+        call, a full queue (``max_ready``), or a budget above the tenant's maxima.
+        """
+        lane, klass, cfg = self._resolve(tenant, trajectory_id, service_class)
+        charge = _charge(trajectory_id, input_tokens, output_allowance)
+        if charge > cfg.largest_call_tokens:
+            raise SubmissionRefused(
+                f"trajectory {trajectory_id}: its call of {charge:,} tokens "
+                f"({input_tokens:,} input + {output_allowance:,} output allowance) exceeds "
+                f"tenant {tenant!r}'s largest call of {cfg.largest_call_tokens:,}"
+            )
+        depth = self._state.lanes[lane].queued
+        if depth >= cfg.max_ready:
+            raise SubmissionRefused(
+                f"tenant {tenant!r} already has {depth:,} READY trajectories queued "
+                f"(max_ready {cfg.max_ready:,}); retry later"
+            )
+        if budget is not None:
+            _check_budget(cfg, trajectory_id, budget)
+        return self._enqueue(lane, klass, trajectory_id, input_tokens, output_allowance, charge)
+
+    def requeue(
+        self,
+        tenant: str,
+        trajectory_id: str,
+        *,
+        input_tokens: int,
+        output_allowance: int,
+        service_class: str | None = None,
+    ) -> ReadyCall | FinalizeNow:
+        """Queue a running trajectory that returned to READY, or tell the caller to finalize it.
+
+        A running trajectory is never refused for a full queue (refusing would strand admitted
+        work; ``max_ready`` bounds new submissions). If its next call is larger than the tenant's
+        largest call it can never be admitted, so it is not queued and the answer is
+        :class:`FinalizeNow` with ``max_tokens``. Unknown tenant, class or a trajectory already
+        queued still raise.
+        """
+        lane, klass, cfg = self._resolve(tenant, trajectory_id, service_class)
+        charge = _charge(trajectory_id, input_tokens, output_allowance)
+        if charge > cfg.largest_call_tokens:
+            return FinalizeNow(
+                trajectory_id,
+                StopReason.MAX_TOKENS,
+                f"next call of {charge:,} tokens exceeds tenant {tenant!r}'s largest call "
+                f"of {cfg.largest_call_tokens:,}",
+            )
+        return self._enqueue(lane, klass, trajectory_id, input_tokens, output_allowance, charge)
+
+    def withdraw(self, trajectory_id: str) -> bool:
+        """Take a queued trajectory out (paused, canceled or ended while READY); False if absent."""
+        found = self._where.pop(trajectory_id, None)
+        if found is None:
+            return False
+        lane, klass, call = found
+        removed = drr.remove(self._state, lane, klass, call)
+        assert removed, "index and queues disagree"  # both are written only here and in commit
+        return True
+
+    def is_queued(self, trajectory_id: str) -> bool:
+        """True while the trajectory waits in a queue."""
+        return trajectory_id in self._where
+
+    # --- hot path -----------------------------------------------------------------------------
+
+    def nominate(self) -> Nomination | None:
+        """The next call by weighted deficit round-robin, or None if nothing can be admitted."""
+        return drr.nominate(self._state)
+
+    def commit(self, nomination: Nomination) -> float:
+        """Admit a nominated call: deduct its charge, dequeue it; returns its admission wait (s).
+
+        Raises :class:`~kernel.errors.StaleNomination`, changing nothing, if the nomination no
+        longer holds (its call was withdrawn, or credit moved under it).
+        """
+        drr.commit(self._state, nomination)
+        call = nomination.call
+        del self._where[call.trajectory_id]
+        now = self._clock()
+        wait = now - call.ready_at
+        self._book.record(nomination.lane, call.charge, wait, now)
+        return wait
+
+    def decline(self, nomination: Nomination) -> None:
+        """Refuse a nomination: no credit moves, the call stays READY at the head of its queue."""
+        drr.decline(self._state, nomination)
+
+    def admit_next(self, check: Callable[[ReadyCall], bool]) -> ReadyCall | None:
+        """Nominate, run ``check`` on the call, and commit or decline; the admitted call or None.
+
+        Tries each backlogged tenant at most once per call, so a closed gate cannot spin.
+        """
+        state = self._state
+        for _ in range(len(state.new) + len(state.old)):
+            nomination = drr.nominate(state)
+            if nomination is None:
+                return None
+            if check(nomination.call):
+                self.commit(nomination)
+                return nomination.call
+            drr.decline(state, nomination)
+        return None
+
+    # --- figures ------------------------------------------------------------------------------
+
+    def figures(self) -> FairnessFigures:
+        """Per tenant: admitted charge and calls, depth, wait histogram, credit; Jain's index."""
+        lanes = self._state.lanes
+        return self._book.snapshot(
+            self._clock(), [lane.queued for lane in lanes], [lane.credit for lane in lanes]
+        )
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _resolve(
+        self, tenant: str, trajectory_id: str, service_class: str | None
+    ) -> tuple[int, int, TenantConfig]:
+        lane = self._lane_of.get(tenant)
+        if lane is None:
+            raise UnknownTenant(
+                f"tenant {tenant!r} is not configured; known: {', '.join(self._lane_of)}"
+            )
+        cfg = self.config.tenants[lane]
+        classes = self._class_of[lane]
+        klass = 0 if service_class is None else classes.get(service_class)
+        if klass is None:
+            raise SubmissionRefused(
+                f"tenant {tenant!r} has no service class {service_class!r}; "
+                f"known: {', '.join(classes)}"
+            )
+        if trajectory_id in self._where:
+            raise SubmissionRefused(f"trajectory {trajectory_id} is already queued")
+        return lane, klass, cfg
+
+    def _enqueue(
+        self,
+        lane: int,
+        klass: int,
+        trajectory_id: str,
+        input_tokens: int,
+        output_allowance: int,
+        charge: int,
+    ) -> ReadyCall:
+        state = self._state
+        tenant_lane = state.lanes[lane]
+        call = ReadyCall(
+            trajectory_id,
+            tenant_lane.name,
+            tenant_lane.classes[klass].name,
+            input_tokens,
+            output_allowance,
+            charge,
+            self._clock(),
+        )
+        drr.enqueue(state, lane, klass, call)
+        self._where[trajectory_id] = (lane, klass, call)
+        return call
+
+
+def _charge(trajectory_id: str, input_tokens: int, output_allowance: int) -> int:
+    """The scheduling charge: full input plus output allowance (cached input counts in full)."""
+    # bool is an int subclass; a True token count is a caller bug, not one token
+    if (
+        type(input_tokens) is not int
+        or type(output_allowance) is not int
+        or input_tokens < 0
+        or output_allowance < 1
+    ):
+        raise SubmissionRefused(
+            f"trajectory {trajectory_id}: input_tokens must be an integer >= 0 and "
+            f"output_allowance an integer >= 1; got {input_tokens!r} and {output_allowance!r}"
+        )
+    return input_tokens + output_allowance
+
+
+def _check_budget(cfg: TenantConfig, trajectory_id: str, budget: Budget) -> None:
+    maxima = cfg.budget_max
+    for dim in Dimension:
+        ceiling = getattr(maxima, dim.value)
+        if ceiling is not None and budget.allowance(dim) > ceiling:
+            raise SubmissionRefused(
+                f"trajectory {trajectory_id}: budget {dim.value} {budget.allowance(dim)} exceeds "
+                f"tenant {cfg.name!r}'s maximum of {ceiling}"
+            )

@@ -1,0 +1,305 @@
+"""Weighted deficit round-robin over READY model calls: the plain state and the policy over it.
+
+The state (:class:`DrrState`) is one small object of plain fields (credits, the rotation of
+tenants, their FIFO queues) so that issue 9 can mirror it into Redis and run these same
+functions as Lua scripts. This module holds no configuration objects, no clock and no
+figures: :mod:`router.admitter` validates at the edge and keeps those.
+
+The policy (seed 004, section 10.8.1, after Shreedhar and Varghese 1995):
+
+* A lane (a tenant) at the head of the rotation has its head call nominated while the call's
+  charge fits the lane's credit. When it does not fit, the lane's visit is over: it earns its
+  quantum (``quantum_tokens x weight``) for the next visit, capped at ``credit_cap``, and goes
+  to the tail. Unspent credit carries over. A *round* is one visit of every lane in rotation;
+  a lane that stays backlogged earns exactly one quantum per round, so backlogged tenants
+  share the admitted charge in proportion to weight.
+* A lane whose queue empties has its credit reset to zero, so idle time earns nothing. When a
+  call arrives at an empty lane, the lane gets the quantum for its coming visit.
+* A lane that was out of the rotation enters the *new* list, which is served before the *old*
+  list of lanes already in rotation: the sparse-flow rule of FQ-CoDel (RFC 8290, section 4.2)
+  on top of plain DRR. Under plain DRR a quiet tenant's call waits behind a full visit of every
+  backlogged lane, so its wait grows when a neighbour turns loud; here it waits for the call in
+  service. The boost is bounded: a lane leaves the new list for the tail of old when its visit
+  ends or its queue empties, and an emptied lane stays in old as a placeholder until its turn
+  comes. So it re-enters the new list at most once per round, and a tenant whose queue keeps
+  emptying earns at most two quanta per round (one entering, one at its turn in old).
+* Two levels: inside a tenant, its service classes share the tenant's turns by the same
+  deficit rule (``TenantLane.class_active``, plain DRR). A tenant with one class skips this.
+* :func:`nominate` only proposes; :func:`commit` deducts and dequeues; :func:`decline` moves
+  the lane to the tail of the old list and changes no credit and no queue, so the call stays
+  READY at the head of its queue and the other tenants are not blocked behind it.
+
+Credits are integers so that Lua (numbers exact only up to 2**53) computes the same.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kernel.errors import StaleNomination
+
+#: ``TenantLane.listed``: out of rotation, in the new list, in the old list.
+UNLISTED, NEW, OLD = 0, 1, 2
+
+
+@dataclass(slots=True, eq=False)
+class ReadyCall:
+    """A READY trajectory's next model call, as queued: its charge is input + output allowance."""
+
+    trajectory_id: str
+    tenant: str
+    service_class: str
+    input_tokens: int
+    output_allowance: int
+    charge: int
+    ready_at: float
+
+
+@dataclass(slots=True, eq=False)
+class ClassLane:
+    """One service class of a tenant: FIFO queue of READY calls and (inner-level) credit."""
+
+    name: str
+    quantum: int
+    credit: int = 0
+    queue: deque[ReadyCall] = field(default_factory=deque)
+
+
+@dataclass(slots=True, eq=False)
+class TenantLane:
+    """One tenant: credit, where it is in the rotation, its classes and their rotation."""
+
+    name: str
+    quantum: int
+    classes: list[ClassLane]
+    credit: int = 0
+    queued: int = 0
+    listed: int = UNLISTED
+    class_active: deque[int] = field(default_factory=deque)
+
+
+@dataclass(slots=True, eq=False)
+class DrrState:
+    """The whole scheduler state; everything issue 9 keeps in Redis under one hash tag.
+
+    Invariants (the property tests check them): ``0 <= credit <= credit_cap`` for every tenant
+    and class; a lane or class with an empty queue has credit 0; a lane with queued calls is in
+    exactly one of ``new`` and ``old``; a lane in ``new`` has queued calls (an emptied lane may
+    linger in ``old`` as a placeholder); a class is in its tenant's ``class_active`` exactly
+    when its queue is non-empty.
+    """
+
+    credit_cap: int
+    lanes: list[TenantLane]
+    new: deque[int] = field(default_factory=deque)
+    old: deque[int] = field(default_factory=deque)
+    rounds: int = 0
+    round_left: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Nomination:
+    """A proposal: admit ``call`` of lane ``lane``, class ``klass``; nothing is deducted yet."""
+
+    lane: int
+    klass: int
+    call: ReadyCall
+
+
+def nominate(state: DrrState) -> Nomination | None:
+    """Propose the next call to admit, or None if nothing is queued or nothing can ever fit.
+
+    Changes only rotation and credit grants, never a queue; two calls with no commit, decline
+    or submission between them return the same call. None with calls still queued means every
+    backlogged lane sits at the credit cap with a head call larger than the cap, which a
+    validated configuration rules out.
+    """
+    new, old = state.new, state.old
+    lanes = state.lanes
+    cap = state.credit_cap
+    idle = 0  # visits in a row that earned no credit; a full cycle of them is a stall
+    while True:
+        if new:
+            rotation = new
+        elif old:
+            rotation = old
+        else:
+            return None
+        index = rotation[0]
+        lane = lanes[index]
+        if lane.queued:
+            klass = 0 if len(lane.classes) == 1 else _class_head(lane, cap)
+            if klass >= 0:
+                call = lane.classes[klass].queue[0]
+                if call.charge <= lane.credit:
+                    return Nomination(index, klass, call)
+            # The visit is over: earn the next visit's quantum and go to the tail of old.
+            before = lane.credit
+            grant = before + lane.quantum
+            lane.credit = grant if grant < cap else cap
+            idle = 0 if lane.credit != before else idle + 1
+            rotation.popleft()
+            old.append(index)
+            lane.listed = OLD
+        else:  # an emptied lane's placeholder reaches the head: it leaves the rotation
+            rotation.popleft()
+            lane.listed = UNLISTED
+        # count the visit (inlined _count_visit: this loop is the admission hot path)
+        state.round_left -= 1
+        if state.round_left <= 0:
+            state.rounds += 1
+            state.round_left = len(new) + len(old)
+        if idle > len(new) + len(old):
+            return None
+
+
+def commit(state: DrrState, nomination: Nomination) -> None:
+    """Admit the nominated call: dequeue it and deduct its charge from tenant (and class) credit.
+
+    Raises :class:`StaleNomination`, changing nothing, if the call is no longer at the head of
+    its queue or its charge no longer fits.
+    """
+    lane = state.lanes[nomination.lane]
+    cls = lane.classes[nomination.klass]
+    call = nomination.call
+    queue = cls.queue
+    charge = call.charge
+    multi = len(lane.classes) > 1
+    if not queue or queue[0] is not call or lane.credit < charge or (multi and cls.credit < charge):
+        raise StaleNomination(f"nomination of {call.trajectory_id} is stale; nominate again")
+    queue.popleft()
+    lane.credit -= charge
+    lane.queued -= 1
+    if multi:
+        cls.credit -= charge
+        if not queue:
+            _class_emptied(lane, nomination.klass)
+    if not lane.queued:
+        _lane_emptied(state, nomination.lane)
+
+
+def decline(state: DrrState, nomination: Nomination) -> None:
+    """Refuse the nomination: no credit changes, the call stays at the head of its queue.
+
+    The lane goes to the tail of the old list, so the next :func:`nominate` looks at the other
+    lanes first; with its credit unchanged it is nominated again on its next visit.
+    Raises :class:`StaleNomination` if the call is no longer at the head of its queue.
+    """
+    index = nomination.lane
+    lane = state.lanes[index]
+    queue = lane.classes[nomination.klass].queue
+    if not queue or queue[0] is not nomination.call:
+        raise StaleNomination(
+            f"nomination of {nomination.call.trajectory_id} is stale; nothing to decline"
+        )
+    rotation = state.new if lane.listed == NEW else state.old
+    if rotation and rotation[0] == index:
+        rotation.popleft()
+        state.old.append(index)
+        lane.listed = OLD
+        _count_visit(state)
+
+
+def enqueue(state: DrrState, lane_index: int, klass: int, call: ReadyCall) -> None:
+    """Append a READY call at the tail of its class queue; an idle lane enters the new list.
+
+    The caller has validated the call (tenant, class, size); this cannot fail.
+    """
+    lane = state.lanes[lane_index]
+    cls = lane.classes[klass]
+    if not cls.queue and len(lane.classes) > 1:
+        cls.credit = min(cls.quantum, state.credit_cap)
+        lane.class_active.append(klass)
+    cls.queue.append(call)
+    lane.queued += 1
+    if lane.queued > 1:
+        return
+    # Empty before: its credit was reset to zero, so it gets the quantum for its coming visit,
+    # in the new list if it was out of rotation, or where its placeholder stands in old.
+    lane.credit = min(lane.quantum, state.credit_cap)
+    if lane.listed == UNLISTED:
+        lane.listed = NEW
+        state.new.append(lane_index)
+        if state.round_left <= 0:
+            state.round_left = len(state.new) + len(state.old)
+
+
+def remove(state: DrrState, lane_index: int, klass: int, call: ReadyCall) -> bool:
+    """Take a call out of its queue wherever it stands (a READY trajectory paused or canceled).
+
+    Returns False if it is not queued. An emptied class or lane has its credit reset to zero.
+    """
+    lane = state.lanes[lane_index]
+    cls = lane.classes[klass]
+    try:
+        cls.queue.remove(call)
+    except ValueError:
+        return False
+    lane.queued -= 1
+    if not cls.queue and len(lane.classes) > 1:
+        _class_emptied(lane, klass)
+    if not lane.queued:
+        _lane_emptied(state, lane_index)
+    return True
+
+
+# --- rotation bookkeeping ---------------------------------------------------------------------
+
+
+def _count_visit(state: DrrState) -> None:
+    state.round_left -= 1
+    if state.round_left <= 0:
+        state.rounds += 1
+        state.round_left = len(state.new) + len(state.old)
+
+
+def _lane_emptied(state: DrrState, index: int) -> None:
+    """Reset an emptied lane's credit; a new lane becomes a placeholder at the tail of old."""
+    lane = state.lanes[index]
+    lane.credit = 0
+    if lane.listed == NEW:
+        new = state.new
+        at_head = new[0] == index
+        new.remove(index)
+        state.old.append(index)
+        lane.listed = OLD
+        if at_head:
+            _count_visit(state)
+    elif state.old and state.old[0] == index:
+        # An old lane that empties during its own visit leaves at once, as in FQ-CoDel;
+        # elsewhere in old it stays a placeholder until its turn.
+        state.old.popleft()
+        lane.listed = UNLISTED
+        _count_visit(state)
+
+
+def _class_emptied(lane: TenantLane, klass: int) -> None:
+    lane.classes[klass].credit = 0
+    active = lane.class_active
+    if active[0] == klass:
+        active.popleft()
+    else:
+        active.remove(klass)
+
+
+def _class_head(lane: TenantLane, cap: int) -> int:
+    """Index of the class whose head call the tenant offers next, or -1 if none can ever fit.
+
+    The inner rotation advances here and persists, so the tenant keeps offering the same call
+    until it is admitted or withdrawn, and gathers tenant credit for that one call.
+    """
+    active = lane.class_active
+    classes = lane.classes
+    idle = 0
+    while True:
+        cls = classes[active[0]]
+        if cls.queue[0].charge <= cls.credit:
+            return active[0]
+        before = cls.credit
+        grant = before + cls.quantum
+        cls.credit = grant if grant < cap else cap
+        idle = 0 if cls.credit != before else idle + 1
+        active.rotate(-1)
+        if idle > len(active):
+            return -1

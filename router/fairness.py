@@ -1,0 +1,183 @@
+"""Fairness figures of the admitter: what each tenant got, how long it waited, how even it was.
+
+:class:`FairnessBook` is fed one :meth:`~FairnessBook.record` per admitted call (on the
+admission hot path, so it does O(1) work on plain lists) and produces a
+:class:`FairnessFigures` snapshot on demand for metrics and the CLI.
+
+Jain's index (Jain, Chiu and Hawe 1984) is computed over *weight-normalised* charge in a
+sliding time window that moves in steps of 1/60 of its length: for each counted tenant
+``x = charge admitted in the window / weight``, and ``J = (sum x)^2 / (n * sum x^2)``.
+J is 1 when every counted tenant got charge in proportion to its weight and falls toward
+1/n as one tenant takes everything. A tenant is counted if it was admitted in the window or
+has READY calls queued now, so a starved tenant counts as zero. The index is meaningful among
+tenants that want at least their share: a tenant that asks for less than its share lowers J
+without having been wronged.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def jain_index(values: Sequence[float]) -> float | None:
+    """Jain's fairness index of non-negative values; None for an empty sequence or all zeros."""
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    if not values or squares == 0:
+        return None
+    return total * total / (len(values) * squares)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantFigures:
+    """One tenant's figures at the time of a snapshot."""
+
+    tenant: str
+    weight: float
+    admitted_calls: int
+    admitted_charge: int
+    queue_depth: int
+    credit: int
+    window_charge: int
+    #: ``(upper bound in seconds, count)`` per bucket, cumulative as Prometheus expects;
+    #: the last bound is ``inf``.
+    wait_buckets: tuple[tuple[float, int], ...]
+    wait_sum_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FairnessFigures:
+    """A snapshot across tenants; ``jain_index`` is None when no tenant is counted."""
+
+    at: float
+    window_s: float
+    jain_index: float | None
+    tenants: tuple[TenantFigures, ...]
+
+    def tenant(self, name: str) -> TenantFigures:
+        """The figures of one tenant; KeyError if it is not configured."""
+        for t in self.tenants:
+            if t.tenant == name:
+                return t
+        raise KeyError(name)
+
+
+#: The sliding window moves in steps of ``window_s / WINDOW_SLOTS`` (1 s of a 60 s window).
+WINDOW_SLOTS = 60
+
+
+class _Tally:
+    """Running counters of one tenant."""
+
+    __slots__ = ("calls", "charge", "hist", "wait_sum")
+
+    def __init__(self, buckets: int) -> None:
+        self.calls = 0
+        self.charge = 0
+        self.wait_sum = 0.0
+        self.hist = [0] * buckets  # the last slot counts waits above the largest bound
+
+
+class FairnessBook:
+    """Running counters per tenant (indexed like the scheduler's lanes) and a sliding window.
+
+    The window is kept as per-slot charge totals rather than one entry per admission, so
+    :meth:`record` costs a comparison and an addition for it.
+    """
+
+    __slots__ = (
+        "_bounds",
+        "_current",
+        "_names",
+        "_slot_end",
+        "_slot_index",
+        "_slot_s",
+        "_slots",
+        "_tallies",
+        "_weights",
+        "_window_s",
+    )
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        weights: Sequence[float],
+        wait_buckets_s: Sequence[float],
+        window_s: float,
+    ) -> None:
+        self._names = tuple(names)
+        self._weights = tuple(weights)
+        self._bounds = tuple(wait_buckets_s)
+        self._window_s = window_s
+        self._tallies = [_Tally(len(self._bounds) + 1) for _ in names]
+        self._slot_s = window_s / WINDOW_SLOTS
+        self._slots: deque[tuple[int, list[int]]] = deque()  # (slot index, charge per tenant)
+        self._current = [0] * len(names)
+        self._slot_index = 0
+        self._slot_end = self._slot_s
+
+    def record(self, lane: int, charge: int, wait_s: float, now: float) -> None:
+        """Count one admitted call of tenant ``lane`` that waited ``wait_s`` seconds, at ``now``."""
+        tally = self._tallies[lane]
+        tally.calls += 1
+        tally.charge += charge
+        tally.wait_sum += wait_s
+        tally.hist[bisect_left(self._bounds, wait_s)] += 1
+        if now >= self._slot_end:
+            self._roll(now)
+        self._current[lane] += charge
+
+    def _roll(self, now: float) -> None:
+        """Close the current slot, open the one holding ``now``, drop slots out of the window."""
+        if any(self._current):
+            self._slots.append((self._slot_index, self._current))
+            self._current = [0] * len(self._names)
+        index = int(now // self._slot_s)
+        self._slot_index = index
+        self._slot_end = (index + 1) * self._slot_s
+        slots = self._slots
+        while slots and slots[0][0] <= index - WINDOW_SLOTS:
+            slots.popleft()
+
+    def snapshot(
+        self, now: float, queue_depths: Sequence[int], credits: Sequence[int]
+    ) -> FairnessFigures:
+        """Figures as of ``now``; depths and credits come from the scheduler state."""
+        if now >= self._slot_end:
+            self._roll(now)
+        window = list(self._current)
+        for _, charges in self._slots:
+            for i, c in enumerate(charges):
+                window[i] += c
+        tenants = []
+        normalised = []
+        for i, (name, tally) in enumerate(zip(self._names, self._tallies, strict=True)):
+            running = 0
+            buckets = []
+            for bound, count in zip((*self._bounds, float("inf")), tally.hist, strict=True):
+                running += count
+                buckets.append((bound, running))
+            tenants.append(
+                TenantFigures(
+                    tenant=name,
+                    weight=self._weights[i],
+                    admitted_calls=tally.calls,
+                    admitted_charge=tally.charge,
+                    queue_depth=queue_depths[i],
+                    credit=credits[i],
+                    window_charge=window[i],
+                    wait_buckets=tuple(buckets),
+                    wait_sum_s=tally.wait_sum,
+                )
+            )
+            if window[i] or queue_depths[i]:
+                normalised.append(window[i] / self._weights[i])
+        return FairnessFigures(
+            at=now,
+            window_s=self._window_s,
+            jain_index=jain_index(normalised),
+            tenants=tuple(tenants),
+        )
