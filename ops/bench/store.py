@@ -1,0 +1,195 @@
+"""``reins bench store``: a commit (the store's compare-and-set) against a raw ``SET``.
+
+Side by side in one run, against the real Redis of ``REINS_REDIS_URL``, with the same clients:
+``cN_cas_per_s`` is commits per second by N client threads, each advancing its own trajectory
+through ``RedisStore.apply`` (cas.lua: version check, snapshot, commit id, state index; one round
+trip), and ``cN_raw_set_per_s`` is plain ``SET`` round trips of the same serialised snapshot by
+the same N threads; ``cN_ratio`` is their quotient (targets: >= 0.6 at N=1, >= 0.8 at N=16).
+Serialisation (checking the commit and dumping the record to JSON) is done before the timed
+loops, so neither figure includes it; ``serialise_us`` reports it on its own.
+``cN_cas_row_per_s`` is the same commit carrying one execution-chain row, as the runner's
+commits do. ``sqlite_cas_per_s`` is one thread committing to the embedded store (WAL,
+``synchronous=FULL``) in a temporary directory. Every Redis key the run makes is under a
+fresh prefix and is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from functools import partial
+
+import redis
+
+from kernel.budget import Budget
+from kernel.chain import ChainRow, RowKind
+from kernel.record import PlanStep, TrajectoryRecord
+from kernel.settings import Settings
+from kernel.states import LifecycleState
+from store.base import Commit, TrajectoryStore, prepare_commit
+from store.redis_store import RedisStore, client_from_url
+from store.sqlite import SqliteStore
+
+TENANT = "bench"
+
+
+def _record(tid: str) -> TrajectoryRecord:
+    """A mid-sized record: a plan, a few facts, an observation (about 1.6 kB of JSON)."""
+    rec = TrajectoryRecord.create(
+        trajectory_id=tid,
+        tenant=TENANT,
+        user="cu_bench",
+        goal="refund order ord_1001 if it arrived damaged and is within the refund window",
+        agent="examples.support:refund_agent",
+        budget=Budget.build(max_cost=Decimal("2.50"), max_steps=40),
+        now=0.0,
+    )
+    rec.plan = [PlanStep(id=f"s{i}", tool=f"tool_{i}") for i in range(4)]
+    rec.facts = {f"ord_1001.field_{i}": i for i in range(8)}
+    rec.last_observation = {"status": "ok", "order": {"id": "ord_1001", "total_cents": 4200}}
+    return rec
+
+
+def _row(rec: TrajectoryRecord, index: int) -> ChainRow:
+    return ChainRow(
+        trajectory_id=rec.trajectory_id,
+        tenant=rec.tenant,
+        user=rec.user,
+        index=index,
+        step=index,
+        kind=RowKind.MODEL,
+        record_version=rec.record_version,
+        at=float(index),
+        call_id=f"call-{index}",
+        outcome="tool_proposal",
+        tokens_in=812,
+        tokens_out=64,
+    )
+
+
+def _commits(tid: str, count: int, rows: bool) -> tuple[list[Commit], float]:
+    """The create and then ``count`` successive commits of one trajectory; seconds per commit."""
+    rec = _record(tid)
+    states = (LifecycleState.CALLING_MODEL, LifecycleState.READY)
+    commits = [prepare_commit(rec, 0)]
+    spent = 0.0
+    for v in range(1, count + 1):
+        nxt = rec.model_copy(update={"record_version": v + 1, "state": states[v % 2]})
+        chain = [_row(nxt, v - 1)] if rows else []
+        started = time.perf_counter()
+        commits.append(prepare_commit(nxt, v, chain))
+        spent += time.perf_counter() - started
+    return commits, spent / count
+
+
+def _loop(fn: Callable[[], object], times: int) -> Callable[[], None]:
+    def body() -> None:
+        for _ in range(times):
+            fn()
+
+    return body
+
+
+def _apply_all(store: TrajectoryStore, commits: Sequence[Commit]) -> Callable[[], None]:
+    def body() -> None:
+        for commit in commits:
+            store.apply(commit)
+
+    return body
+
+
+def _parallel(work: Sequence[Callable[[], None]]) -> float:
+    """Run each callable on its own thread from one start line; the wall time in seconds."""
+    barrier = threading.Barrier(len(work) + 1)
+
+    def body(fn: Callable[[], None]) -> None:
+        barrier.wait()
+        fn()
+
+    threads = [threading.Thread(target=body, args=(fn,)) for fn in work]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
+def _redis_figures(
+    store: RedisStore, client: redis.Redis, prefix: str, threads: int, ops: int, rounds: int
+) -> tuple[dict[str, object], float]:
+    """Figures at one concurrency, and the mean serialise seconds per commit.
+
+    Each thread owns two trajectories (commits without and with a chain row). The run is many
+    short rounds, each a SET phase, a commit phase and a commit-with-row phase, so that noise
+    from a shared machine falls on all three alike.
+    """
+    run = uuid.uuid4().hex[:8]
+    total = ops * rounds
+    plain = [_commits(f"c{threads}-{run}-{i}", total, False) for i in range(threads)]
+    with_row = [_commits(f"c{threads}-{run}-{i}-row", total, True) for i in range(threads)]
+    for commits, _ in plain + with_row:  # the creates are not timed
+        store.apply(commits[0])
+    seconds = {"cas": 0.0, "raw_set": 0.0, "cas_row": 0.0}
+    for r in range(rounds):
+        part = slice(1 + r * ops, 1 + (r + 1) * ops)
+        seconds["raw_set"] += _parallel(
+            [
+                _loop(partial(client.set, f"{{{prefix}:raw:{i}}}", commits[1].snapshot), ops)
+                for i, (commits, _) in enumerate(plain)
+            ]
+        )
+        seconds["cas"] += _parallel([_apply_all(store, commits[part]) for commits, _ in plain])
+        seconds["cas_row"] += _parallel(
+            [_apply_all(store, commits[part]) for commits, _ in with_row]
+        )
+    done = threads * total
+    figures: dict[str, object] = {f"c{threads}_ops": done}
+    for kind, spent in seconds.items():
+        figures[f"c{threads}_{kind}_per_s"] = round(done / spent)
+    figures[f"c{threads}_ratio"] = round(seconds["raw_set"] / seconds["cas"], 3)
+    return figures, sum(spent for _, spent in plain) / threads
+
+
+def _sqlite_per_s(ops: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="reins-bench-") as tmp:
+        store = SqliteStore(os.path.join(tmp, "bench.db"))
+        commits, _ = _commits("sqlite", ops, rows=False)
+        store.apply(commits[0])
+        elapsed = _parallel([_apply_all(store, commits[1:])])
+        store.close()
+    return ops / elapsed
+
+
+def run(quick: bool = False) -> dict[str, object]:
+    """Measure and return one JSON-ready object (see the module docstring)."""
+    settings = Settings.from_env(os.environ)
+    prefix = f"{settings.key_prefix}-bench-{uuid.uuid4().hex[:8]}"
+    client = client_from_url(settings.redis_url)
+    store = RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts)
+    rounds = 4 if quick else 40
+    result: dict[str, object] = {
+        "redis_version": str(client.info("server")["redis_version"]),
+        "rounds": rounds,
+    }
+    serialise: list[float] = []
+    try:
+        for threads, ops in ((1, 50 if quick else 250), (16, 5 if quick else 25)):
+            figures, spent = _redis_figures(store, client, prefix, threads, ops, rounds)
+            result.update(figures)
+            result["payload_bytes"] = len(_record(f"c{threads}-00000000-0").to_json())
+            serialise.append(spent)
+        result["serialise_us"] = round(1e6 * sum(serialise) / len(serialise), 1)
+        result["sqlite_cas_per_s"] = round(_sqlite_per_s(100 if quick else 1000))
+    finally:
+        keys = list(client.scan_iter(match=f"{{{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        store.close()
+    return result

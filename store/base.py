@@ -1,0 +1,294 @@
+"""The store's seams: snapshot store, execution chain, idempotency ledger, and their contracts.
+
+Every backend (Redis for the fleet, SQLite embedded, in-memory for tests) subclasses
+:class:`TrajectoryStore` and implements the few abstract methods below; the contract suite in
+``tests/contract`` runs the same tests against each of them.
+
+A write goes through two steps. :func:`prepare_commit` checks the caller's input and serialises
+it (pure; refusing bad input before anything is touched); the backend's :meth:`apply
+<SnapshotStore.apply>` then carries out the prepared :class:`Commit` as one atomic step. Keeping
+serialisation out of ``apply`` lets the benchmark time the two apart.
+
+Every commit carries a commit id. A backend stores the id of each version it commits, and a
+commit whose id is already stored at its target version is a repeat: it reports success and
+writes nothing. That is what makes a retry after a lost reply safe (the retry can neither
+apply twice nor be mistaken for a lost race).
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from pydantic import ValidationError
+
+from kernel.chain import ChainRow
+from kernel.errors import (
+    ConcurrentModification,
+    CorruptSnapshot,
+    InvalidInput,
+    SnapshotExists,
+    SnapshotNotFound,
+    UnsupportedSchema,
+)
+from kernel.record import TrajectoryRecord
+from kernel.states import LifecycleState
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One checked, serialised commit, ready for a backend to apply atomically."""
+
+    tenant: str
+    trajectory_id: str
+    expected_version: int  # 0 for a create
+    version: int  # the version the snapshot is committed as
+    state: str
+    snapshot: bytes
+    rows: tuple[bytes, ...]  # chain rows, serialised, in chain order
+    first_row: int  # chain index of rows[0]; meaningful only when rows is not empty
+    commit_id: str
+
+
+class Outcome(IntEnum):
+    """What a backend's atomic step found; :func:`settle` turns it into a result or an error."""
+
+    CHAIN_GAP = -1  # the version matched but rows[0] is not the next chain index
+    CONFLICT = 0  # the stored version is not the expected one (0 when there is none)
+    APPLIED = 1
+    REPEAT = 2  # this commit id is already stored at this version: applied before
+
+
+def new_commit_id() -> str:
+    """A fresh, unique commit id."""
+    return uuid.uuid4().hex
+
+
+def prepare_commit(
+    record: TrajectoryRecord,
+    expected_version: int,
+    chain_rows: Sequence[ChainRow] = (),
+    commit_id: str | None = None,
+) -> Commit:
+    """Check a commit and serialise it; raise :class:`InvalidInput` for anything malformed.
+
+    The new version must be above the expected one; every row must belong to the record's
+    trajectory and tenant, carry the new version, and the rows' indexes must be consecutive.
+    """
+    tid, tenant = record.trajectory_id, record.tenant
+    if not tid or not tenant:
+        raise InvalidInput("a trajectory record needs a non-empty trajectory_id and tenant")
+    if expected_version < 0 or record.record_version <= expected_version:
+        raise InvalidInput(
+            f"trajectory {tid}: record_version {record.record_version} must be above the "
+            f"expected version {expected_version}"
+        )
+    if commit_id is not None and not commit_id:
+        raise InvalidInput(f"trajectory {tid}: an empty commit id")
+    first = chain_rows[0].index if chain_rows else 0
+    for offset, row in enumerate(chain_rows):
+        if (row.trajectory_id, row.tenant) != (tid, tenant):
+            raise InvalidInput(
+                f"trajectory {tid}: chain row {row.index} belongs to trajectory "
+                f"{row.trajectory_id} of tenant {row.tenant}"
+            )
+        if row.record_version != record.record_version:
+            raise InvalidInput(
+                f"trajectory {tid}: chain row {row.index} carries version {row.record_version}, "
+                f"the commit writes version {record.record_version}"
+            )
+        if row.index != first + offset:
+            raise InvalidInput(f"trajectory {tid}: chain row indexes are not consecutive")
+    return Commit(
+        tenant=tenant,
+        trajectory_id=tid,
+        expected_version=expected_version,
+        version=record.record_version,
+        state=record.state.value,
+        snapshot=record.to_json(),
+        rows=tuple(row.model_dump_json().encode() for row in chain_rows),
+        first_row=first,
+        commit_id=commit_id or new_commit_id(),
+    )
+
+
+def settle(commit: Commit, outcome: Outcome, found: int) -> int:
+    """Turn a backend's outcome into the new version, or the error that names what was found."""
+    if outcome in (Outcome.APPLIED, Outcome.REPEAT):
+        return commit.version
+    tid = commit.trajectory_id
+    if outcome is Outcome.CHAIN_GAP:
+        raise InvalidInput(
+            f"trajectory {tid}: chain rows start at index {commit.first_row} but the chain "
+            f"holds {found} rows; nothing was written"
+        )
+    if commit.expected_version == 0:
+        raise SnapshotExists(tid, found)
+    if found == 0:
+        raise SnapshotNotFound(f"trajectory {tid} not found in tenant {commit.tenant}")
+    raise ConcurrentModification(tid, commit.expected_version, found)
+
+
+def decode_snapshot(
+    tenant: str, trajectory_id: str, version: int, data: bytes | str
+) -> TrajectoryRecord:
+    """Parse a stored snapshot, or raise an error naming the trajectory; never repairs it.
+
+    Raises :class:`UnsupportedSchema` for an unknown schema version and :class:`CorruptSnapshot`
+    for anything else that does not validate, including a snapshot whose tenant, id or version
+    disagree with where and how it is stored.
+    """
+    where = f"trajectory {trajectory_id} in tenant {tenant}"
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise CorruptSnapshot(f"{where}: stored snapshot is not JSON ({exc})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
+        raise CorruptSnapshot(f"{where}: stored snapshot has no schema_version")
+    try:
+        record = TrajectoryRecord.from_json(data)
+    except UnsupportedSchema as exc:
+        detail = str(exc).split(": ", 1)[-1]
+        raise UnsupportedSchema(f"{where}: {detail}; the snapshot is left as is") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise CorruptSnapshot(
+            f"{where}: stored snapshot does not validate ({field}: {first['msg']})"
+        ) from None
+    if (record.tenant, record.trajectory_id) != (tenant, trajectory_id):
+        raise CorruptSnapshot(
+            f"{where}: stored snapshot names trajectory {record.trajectory_id} "
+            f"of tenant {record.tenant}"
+        )
+    if record.record_version != version:
+        raise CorruptSnapshot(
+            f"{where}: stored at version {version} but the snapshot says {record.record_version}"
+        )
+    return record
+
+
+def decode_row(trajectory_id: str, data: bytes | str) -> ChainRow:
+    """Parse one stored chain row, or raise :class:`CorruptSnapshot` naming the trajectory."""
+    try:
+        return ChainRow.model_validate_json(data)
+    except ValidationError as exc:
+        raise CorruptSnapshot(f"trajectory {trajectory_id}: a chain row does not validate") from exc
+
+
+def encode_result(key: str, result: JsonObject) -> bytes:
+    """Serialise an idempotency result; refuse one that is not plain JSON."""
+    try:
+        return json.dumps(result, sort_keys=True, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"idempotency key {key}: result is not JSON ({exc})") from None
+
+
+def decode_result(data: bytes | str) -> JsonObject:
+    """Parse a stored idempotency result."""
+    value: JsonObject = json.loads(data)
+    return value
+
+
+class SnapshotStore(abc.ABC):
+    """Trajectory snapshots under optimistic concurrency, scoped by tenant.
+
+    A snapshot is addressed by (tenant, trajectory_id): the same id in another tenant is
+    another trajectory, and a load, list or commit never sees across tenants.
+    """
+
+    def create(self, record: TrajectoryRecord, *, commit_id: str | None = None) -> int:
+        """Store a new trajectory at ``record.record_version``; return that version.
+
+        Atomic like :meth:`compare_and_set` from version 0. Raises :class:`SnapshotExists`
+        (a :class:`ConcurrentModification`) when the tenant already holds that id; nothing
+        is written then.
+        """
+        return self.apply(prepare_commit(record, 0, (), commit_id))
+
+    def compare_and_set(
+        self,
+        record: TrajectoryRecord,
+        expected_version: int,
+        chain_rows: Sequence[ChainRow] = (),
+        commit_id: str | None = None,
+    ) -> int:
+        """Commit ``record`` if the stored version is still ``expected_version``.
+
+        Atomic, all or nothing: the check, the snapshot write, the append of ``chain_rows``
+        to the execution chain and the tenant/state index update happen together or not at
+        all. Succeeds only if the stored version equals ``expected_version`` and
+        ``record.record_version`` is above it; returns the new version. Otherwise raises
+        :class:`ConcurrentModification` naming the stored version (the loser knows it lost),
+        or :class:`SnapshotNotFound` when there is no such trajectory. A repeat of a commit
+        already applied under the same ``commit_id`` returns the version and writes nothing.
+        """
+        return self.apply(prepare_commit(record, expected_version, chain_rows, commit_id))
+
+    @abc.abstractmethod
+    def apply(self, commit: Commit) -> int:
+        """Carry out a prepared commit atomically (the contract of :meth:`compare_and_set`)."""
+
+    @abc.abstractmethod
+    def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord:
+        """The stored snapshot; reads only, never writes.
+
+        Raises :class:`SnapshotNotFound` when this tenant holds no such trajectory (including
+        when another tenant does), :class:`UnsupportedSchema` for an unknown schema version
+        and :class:`CorruptSnapshot` for a snapshot that fails validation; each names the
+        trajectory, and the stored snapshot is left exactly as it was.
+        """
+
+    @abc.abstractmethod
+    def list(self, tenant: str, state: LifecycleState | None = None) -> builtins.list[str]:
+        """Ids of the tenant's trajectories (in ``state`` when given), sorted; from the index."""
+
+    @abc.abstractmethod
+    def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
+        """The commit id stored for ``version``, or None: resolves a commit of unknown outcome."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections; the store is not used afterwards."""
+
+
+class ExecutionChain(abc.ABC):
+    """The append-only execution chain of each trajectory: what happened, in order.
+
+    Rows are appended only by :meth:`SnapshotStore.compare_and_set`, in the same atomic step
+    as the snapshot they belong to, so a row exists if and only if its version was committed.
+    No row is ever updated or deleted; indexes run from 0 without gaps. A row is identified by
+    (tenant, trajectory_id, index) and joins with traces by ``trajectory_id`` and ``call_id``.
+    """
+
+    @abc.abstractmethod
+    def read(self, tenant: str, trajectory_id: str, start: int = 0) -> builtins.list[ChainRow]:
+        """The rows from index ``start`` on, in chain order; empty for an unknown trajectory."""
+
+
+class IdempotencyLedger(abc.ABC):
+    """The recorded result of each effect, by tenant and idempotency key.
+
+    :meth:`record` is atomic and first-write-wins: the first result stored under a key stays,
+    and every later call (a retry, a duplicate delivery) gets that stored result back.
+    """
+
+    @abc.abstractmethod
+    def record(self, tenant: str, key: str, result: JsonObject) -> JsonObject:
+        """Store ``result`` under ``key`` unless one is stored; return the stored result."""
+
+    @abc.abstractmethod
+    def lookup(self, tenant: str, key: str) -> JsonObject | None:
+        """The result stored under ``key``, or None."""
+
+
+class TrajectoryStore(SnapshotStore, ExecutionChain, IdempotencyLedger):
+    """What one backend provides: snapshots, their chains and the idempotency ledger."""

@@ -1,0 +1,54 @@
+#!lua
+-- cas.lua: compare-and-set one trajectory's snapshot, append its execution-chain rows, record
+-- the commit id and move the trajectory in its tenant's state index; all in one round trip.
+--
+-- KEYS[1]  {P:T:I}:snap   hash  v (version), s (state code), data (the record's JSON),
+--                               and c<version> -> commit id for every committed version
+-- KEYS[2]  {P:T:I}:chain  list  chain rows (JSON); element n is chain index n
+-- KEYS[3]  {P:T}:index    zset  member: a trajectory's snapshot key (KEYS[1]);
+--                               score: its state code, so a state is one score range
+--
+-- ARGV[1]  expected version (0 = create: the snapshot must not exist)
+-- ARGV[2]  new version
+-- ARGV[3]  new state code
+-- ARGV[4]  record JSON
+-- ARGV[5]  commit id
+-- ARGV[6]  chain index of the first row      } only when there are rows
+-- ARGV[7..] chain rows, in chain order        }
+--
+-- Returns {outcome, n} (store.base.Outcome):
+--    2, version   this commit id is already stored for this version: a repeat, nothing written
+--    1, version   applied
+--    0, current   the stored version is not the expected one (0: no snapshot)
+--   -1, length    the version matched but the rows do not start at the chain's length
+--
+-- Every check and read comes before the first write, so an error (a key of the wrong type)
+-- leaves everything as it was; the shebang makes Redis refuse the script up front when it is
+-- out of memory rather than at a write half way through.
+
+local commit_field = 'c' .. ARGV[2]
+local stored = redis.call('HMGET', KEYS[1], 'v', 's', commit_field)
+if stored[3] == ARGV[5] then
+  return {2, tonumber(ARGV[2])}
+end
+local current = tonumber(stored[1]) or 0
+if current ~= tonumber(ARGV[1]) then
+  return {0, current}
+end
+
+local with_rows = #ARGV > 6
+if with_rows then
+  local length = redis.call('LLEN', KEYS[2])
+  if length ~= tonumber(ARGV[6]) then
+    return {-1, length}
+  end
+end
+
+if stored[2] ~= ARGV[3] then
+  redis.call('ZADD', KEYS[3], ARGV[3], KEYS[1])
+end
+if with_rows then
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, 7))
+end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 's', ARGV[3], 'data', ARGV[4], commit_field, ARGV[5])
+return {1, tonumber(ARGV[2])}

@@ -1,0 +1,122 @@
+"""The in-memory backend: the contract of :mod:`store.base` behind one lock, for unit tests.
+
+It keeps serialised bytes, not live objects, so a caller can never change a stored snapshot by
+mutating a record it holds, and a load validates exactly as the durable backends do.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from dataclasses import dataclass, field
+
+from kernel.chain import ChainRow
+from kernel.errors import SnapshotNotFound
+from kernel.record import TrajectoryRecord
+from kernel.states import LifecycleState
+from store.base import (
+    Commit,
+    JsonObject,
+    Outcome,
+    TrajectoryStore,
+    decode_result,
+    decode_row,
+    decode_snapshot,
+    encode_result,
+    settle,
+)
+
+Address = tuple[str, str]  # (tenant, trajectory_id)
+
+
+@dataclass(slots=True)
+class _Trajectory:
+    """Everything stored for one trajectory."""
+
+    version: int = 0
+    state: str = ""
+    snapshot: bytes = b""
+    commits: dict[int, str] = field(default_factory=dict)
+    chain: builtins.list[bytes] = field(default_factory=list)
+
+
+class MemoryStore(TrajectoryStore):
+    """Snapshots, chains, the state index and the ledger in dicts; every method under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._trajectories: dict[Address, _Trajectory] = {}
+        self._index: dict[str, dict[str, set[str]]] = {}  # tenant -> state -> ids
+        self._ledger: dict[Address, bytes] = {}  # (tenant, key) -> result
+
+    def apply(self, commit: Commit) -> int:
+        """Check and write under the lock; see :meth:`SnapshotStore.compare_and_set`."""
+        address = (commit.tenant, commit.trajectory_id)
+        with self._lock:
+            outcome, found = self._apply_locked(address, commit)
+        return settle(commit, outcome, found)
+
+    def _apply_locked(self, address: Address, commit: Commit) -> tuple[Outcome, int]:
+        trajectory = self._trajectories.get(address) or _Trajectory()
+        if trajectory.commits.get(commit.version) == commit.commit_id:
+            return Outcome.REPEAT, commit.version
+        if trajectory.version != commit.expected_version:
+            return Outcome.CONFLICT, trajectory.version
+        if commit.rows and len(trajectory.chain) != commit.first_row:
+            return Outcome.CHAIN_GAP, len(trajectory.chain)
+        states = self._index.setdefault(commit.tenant, {})
+        if trajectory.state:
+            states[trajectory.state].discard(commit.trajectory_id)
+        states.setdefault(commit.state, set()).add(commit.trajectory_id)
+        trajectory.chain.extend(commit.rows)
+        trajectory.commits[commit.version] = commit.commit_id
+        trajectory.version, trajectory.state = commit.version, commit.state
+        trajectory.snapshot = commit.snapshot
+        self._trajectories[address] = trajectory
+        return Outcome.APPLIED, commit.version
+
+    def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord:
+        """The stored snapshot, validated; see :meth:`SnapshotStore.load`."""
+        with self._lock:
+            trajectory = self._trajectories.get((tenant, trajectory_id))
+            stored = (trajectory.version, trajectory.snapshot) if trajectory else None
+        if stored is None:
+            raise SnapshotNotFound(f"trajectory {trajectory_id} not found in tenant {tenant}")
+        return decode_snapshot(tenant, trajectory_id, *stored)
+
+    def list(self, tenant: str, state: LifecycleState | None = None) -> builtins.list[str]:
+        """Ids from the tenant/state index, sorted."""
+        with self._lock:
+            states = self._index.get(tenant, {})
+            if state is not None:
+                return sorted(states.get(state.value, ()))
+            return sorted(tid for ids in states.values() for tid in ids)
+
+    def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
+        """The commit id stored for ``version``, or None."""
+        with self._lock:
+            trajectory = self._trajectories.get((tenant, trajectory_id))
+            return trajectory.commits.get(version) if trajectory else None
+
+    def read(self, tenant: str, trajectory_id: str, start: int = 0) -> builtins.list[ChainRow]:
+        """Chain rows from ``start`` on."""
+        with self._lock:
+            trajectory = self._trajectories.get((tenant, trajectory_id))
+            rows = trajectory.chain[start:] if trajectory else []
+        return [decode_row(trajectory_id, row) for row in rows]
+
+    def record(self, tenant: str, key: str, result: JsonObject) -> JsonObject:
+        """First write wins; return the stored result."""
+        data = encode_result(key, result)
+        with self._lock:
+            stored = self._ledger.setdefault((tenant, key), data)
+        return decode_result(stored)
+
+    def lookup(self, tenant: str, key: str) -> JsonObject | None:
+        """The stored result, or None."""
+        with self._lock:
+            stored = self._ledger.get((tenant, key))
+        return None if stored is None else decode_result(stored)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,367 @@
+"""The Redis backend: the fleet's store (redis-py with hiredis).
+
+Key layout
+----------
+``P`` is the key prefix (``REINS_KEY_PREFIX``); ``T``, ``I`` and ``K`` are the tenant, the
+trajectory id and an idempotency key, each percent-encoded (everything but ``A-Z a-z 0-9 _ . -
+~`` becomes ``%XX``), so no id can contain ``:``, ``{`` or ``}`` and the layout is injective:
+tenant ``a:b`` with trajectory ``c`` and tenant ``a`` with trajectory ``b:c`` never share a key.
+Every key starts with ``{P:T`` and so is scoped by tenant.
+
+==========================  =====  ============================================================
+``{P:T:I}:snap``            hash   ``v`` (version), ``s`` (state code, :data:`STATE_CODES`),
+                                   ``data`` (the record's JSON), and ``c<version>`` -> commit
+                                   id for every committed version
+``{P:T:I}:chain``           list   execution chain rows (JSON); element n is chain index n
+``{P:T}:index``             zset   each trajectory's snapshot key, scored by its state code;
+                                   a state is one score range
+``{P:T:K}:idem``            string the idempotency ledger's stored result (JSON)
+==========================  =====  ============================================================
+
+One commit is one ``EVALSHA`` of ``lua/cas.lua`` (loaded again with ``SCRIPT LOAD`` on
+``NOSCRIPT``): version check, snapshot, commit id, chain append and index move, atomically.
+The commit ids live in the snapshot's own hash so that the script's one ``HMGET`` reads the
+version, the state and the commit id of the target version together (the hot path is three
+commands inside the script: ``HMGET``, ``ZADD`` when the state changes, ``HSET``).
+
+Redis Cluster
+-------------
+The keys of a trajectory share the hash tag ``{P:T:I}`` and so one slot; the tenant's
+index has its own tag ``{P:T}`` and in general another slot. The one-script update of all three
+keys therefore needs one node: a standalone Redis, or a primary with replicas under Sentinel.
+That is what this class does, and what the contract suite tests. On Redis Cluster the script
+would be refused with ``CROSSSLOT``; the plan there (not built yet) is to keep the snapshot as
+the single source of truth and treat the index as derived: commit the trajectory's own keys in
+one script, then update the index in its own slot with a version-guarded write, and repair any
+gap left by a crash between the two with :meth:`RedisStore.rebuild_index`, which rebuilds a
+tenant's index from the snapshots alone. Nothing correct depends on the index: a load reads the
+snapshot, and every decision is a compare-and-set on the snapshot's version.
+
+Retries and lost replies
+------------------------
+The client is built with redis-py's own retries off; this class retries transient connection
+errors itself with tenacity, at most ``REINS_REDIS_RETRY_ATTEMPTS`` times. A read is simply
+repeated. A commit whose reply was lost is resolved by reading back: if the commit id stored
+at the target version is this commit's, it was applied (reported as success, not a conflict);
+if the version moved on without it, it lost; if nothing changed, the script is sent again,
+which is safe because the script itself treats a commit id already stored at that version as a
+repeat and writes nothing. A commit still unresolved when the attempts run out raises
+:class:`StoreUnavailable` naming its commit id, for :meth:`committed` to settle later.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote, unquote
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from kernel.chain import ChainRow
+from kernel.errors import (
+    ConfigError,
+    CorruptSnapshot,
+    SnapshotNotFound,
+    StoreError,
+    StoreUnavailable,
+)
+from kernel.record import TrajectoryRecord
+from kernel.settings import Settings
+from kernel.states import LifecycleState
+from store.base import (
+    Commit,
+    JsonObject,
+    Outcome,
+    TrajectoryStore,
+    decode_result,
+    decode_row,
+    decode_snapshot,
+    encode_result,
+    settle,
+)
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError)
+
+# The index score of each state. Fixed here, never derived from the enum's order: a stored
+# index must keep its meaning when the enum changes. A state missing here fails at import.
+STATE_CODES: dict[LifecycleState, int] = {
+    LifecycleState.READY: 1,
+    LifecycleState.CALLING_MODEL: 2,
+    LifecycleState.WAITING_TOOL: 3,
+    LifecycleState.AWAITING_APPROVAL: 4,
+    LifecycleState.PAUSED: 5,
+    LifecycleState.FINALIZING: 6,
+    LifecycleState.COMPLETED: 7,
+    LifecycleState.FAILED: 8,
+    LifecycleState.CANCELED: 9,
+}
+if set(STATE_CODES) != set(LifecycleState):
+    raise RuntimeError("store.redis_store.STATE_CODES needs a code for every LifecycleState")
+_CODE_OF = {state.value: code for state, code in STATE_CODES.items()}
+_SNAP_SUFFIX = "}:snap"
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_T = TypeVar("_T")
+
+
+def _load_script(name: str) -> str:
+    return (Path(__file__).parent / "lua" / name).read_text(encoding="utf-8")
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@lru_cache(maxsize=65536)
+def _enc(part: str) -> str:
+    return quote(part, safe="")
+
+
+@lru_cache(maxsize=65536)
+def _commit_keys(prefix: str, tenant: str, trajectory_id: str) -> tuple[str, str, str]:
+    """Snapshot key, chain key and the tenant's index key: built once per trajectory."""
+    tag = f"{{{prefix}:{_enc(tenant)}:{_enc(trajectory_id)}"
+    return f"{tag}{_SNAP_SUFFIX}", f"{tag}}}:chain", f"{{{prefix}:{_enc(tenant)}}}:index"
+
+
+def client_from_url(url: str) -> redis.Redis:
+    """A redis-py client for ``url`` with its own retries off (the store does the retrying)."""
+    try:
+        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+    except ValueError as exc:
+        raise ConfigError(f"REINS_REDIS_URL: {exc}") from None
+
+
+class RedisStore(TrajectoryStore):
+    """The store on one Redis node; see the module docstring for keys, atomicity and retries."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "reins", retry_attempts: int = 5):
+        if not _PREFIX_RE.match(prefix):
+            raise ConfigError(f"REINS_KEY_PREFIX: {prefix!r} may hold only A-Z a-z 0-9 _ . : -")
+        if retry_attempts < 1:
+            raise ConfigError("REINS_REDIS_RETRY_ATTEMPTS: must be at least 1")
+        self.prefix = prefix
+        self._client = client
+        self._attempts = retry_attempts
+        self._cas_source = _load_script("cas.lua")
+        self._cas_sha = hashlib.sha1(self._cas_source.encode()).hexdigest()
+        # EVALSHA through execute_command: redis-py's evalsha() adds two Python layers per call
+        self._execute: Callable[..., Any] = client.execute_command
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RedisStore:
+        """The store at ``REINS_REDIS_URL`` under ``REINS_KEY_PREFIX``."""
+        return cls(
+            client_from_url(settings.redis_url),
+            prefix=settings.key_prefix,
+            retry_attempts=settings.redis_retry_attempts,
+        )
+
+    # --- keys ------------------------------------------------------------------------------
+
+    def trajectory_keys(self, tenant: str, trajectory_id: str) -> tuple[str, str]:
+        """The snapshot and chain keys of one trajectory (one hash tag)."""
+        snap_key, chain_key, _ = _commit_keys(self.prefix, tenant, trajectory_id)
+        return snap_key, chain_key
+
+    def index_key(self, tenant: str) -> str:
+        """The tenant's state index."""
+        return f"{{{self.prefix}:{_enc(tenant)}}}:index"
+
+    def ledger_key(self, tenant: str, key: str) -> str:
+        """Where the result recorded under an idempotency key lives."""
+        return f"{{{self.prefix}:{_enc(tenant)}:{_enc(key)}}}:idem"
+
+    # --- retries ---------------------------------------------------------------------------
+
+    def _retrying(self, what: str, fn: Callable[[], _T], *, first_failed: bool = False) -> _T:
+        """Run ``fn``, retrying transient errors within the bounded attempts.
+
+        ``first_failed``: the caller's first attempt already failed, so one fewer remains.
+        """
+        attempts = self._attempts - 1 if first_failed else self._attempts
+        try:
+            if attempts < 1:
+                raise RedisConnectionError("no attempts left")
+            retrying = Retrying(
+                stop=stop_after_attempt(attempts),
+                wait=wait_exponential_jitter(multiplier=0.005, max=0.5, jitter=0.005),
+                retry=retry_if_exception_type(TRANSIENT),
+                reraise=True,
+            )
+            return retrying(fn)
+        except TRANSIENT as exc:
+            raise StoreUnavailable(
+                f"{what}: Redis unreachable after {self._attempts} attempts ({exc})"
+            ) from exc
+        except RedisError as exc:
+            raise StoreError(f"{what}: {exc}") from exc
+
+    def _read(self, what: str, fn: Callable[[], _T]) -> _T:
+        """A read: one plain try on the hot path, then bounded retries."""
+        try:
+            return fn()
+        except TRANSIENT:
+            return self._retrying(what, fn, first_failed=True)
+        except RedisError as exc:
+            raise StoreError(f"{what}: {exc}") from exc
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def apply(self, commit: Commit) -> int:
+        """One EVALSHA of cas.lua; a lost reply is resolved by commit id (module docstring)."""
+        snap_key, chain_key, index_key = _commit_keys(
+            self.prefix, commit.tenant, commit.trajectory_id
+        )
+        call: tuple[bytes | str | int, ...] = (
+            snap_key,
+            chain_key,
+            index_key,
+            commit.expected_version,
+            commit.version,
+            _CODE_OF[commit.state],
+            commit.snapshot,
+            commit.commit_id,
+        )
+        if commit.rows:
+            call = (*call, commit.first_row, *commit.rows)
+        try:
+            reply = self._run_cas(call)
+        except TRANSIENT:
+            what = (
+                f"trajectory {commit.trajectory_id}: commit {commit.commit_id} "
+                f"(version {commit.version}) has an unknown outcome"
+            )
+            reply = self._retrying(
+                what, lambda: self._read_back(commit, snap_key, call), first_failed=True
+            )
+        except RedisError as exc:
+            raise StoreError(f"committing trajectory {commit.trajectory_id}: {exc}") from exc
+        if reply[0] > 0:  # applied, or a repeat of this very commit
+            return commit.version
+        return settle(commit, Outcome(reply[0]), reply[1])
+
+    def _run_cas(self, call: Sequence[bytes | str | int]) -> list[int]:
+        """EVALSHA cas.lua with 3 keys, loading the script once more if the server lost it."""
+        try:
+            reply: list[int] = self._execute("EVALSHA", self._cas_sha, 3, *call)
+        except NoScriptError:
+            self._client.script_load(self._cas_source)
+            reply = self._execute("EVALSHA", self._cas_sha, 3, *call)
+        return reply
+
+    def _read_back(
+        self, commit: Commit, snap_key: str, call: Sequence[bytes | str | int]
+    ) -> list[int]:
+        """After a lost reply: find out whether the commit landed, and finish it if not."""
+        stored_id, current = self._client.hmget(snap_key, [f"c{commit.version}", "v"])
+        if stored_id is not None and _text(stored_id) == commit.commit_id:
+            return [Outcome.REPEAT, commit.version]
+        current_version = int(_text(current)) if current is not None else 0
+        if current_version != commit.expected_version:
+            return [Outcome.CONFLICT, current_version]
+        # Not applied (or still in flight on the dead connection): the script's own commit-id
+        # check makes sending it again safe whichever of the two arrives first.
+        return self._run_cas(call)
+
+    def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord:
+        """The stored snapshot, validated; see :meth:`SnapshotStore.load`."""
+        snap_key = self.trajectory_keys(tenant, trajectory_id)[0]
+        version, data = self._read(
+            f"loading trajectory {trajectory_id}",
+            lambda: self._client.hmget(snap_key, ["v", "data"]),
+        )
+        if data is None:
+            raise SnapshotNotFound(f"trajectory {trajectory_id} not found in tenant {tenant}")
+        try:
+            stored_version = int(_text(version))
+        except ValueError:
+            raise CorruptSnapshot(
+                f"trajectory {trajectory_id} in tenant {tenant}: stored version {version!r}"
+            ) from None
+        return decode_snapshot(tenant, trajectory_id, stored_version, data)
+
+    def list(self, tenant: str, state: LifecycleState | None = None) -> builtins.list[str]:
+        """Ids from the tenant's index (one score range per state), sorted."""
+        key = self.index_key(tenant)
+        low, high = ("-inf", "+inf") if state is None else (STATE_CODES[state],) * 2
+        members = self._read(
+            f"listing tenant {tenant}", lambda: self._client.zrangebyscore(key, low, high)
+        )
+        skip = len(self.prefix) + len(_enc(tenant)) + 3  # "{P:T:"
+        return sorted(unquote(_text(m)[skip : -len(_SNAP_SUFFIX)]) for m in members)
+
+    def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
+        """The commit id stored for ``version``, or None."""
+        snap_key = self.trajectory_keys(tenant, trajectory_id)[0]
+        stored = self._read(
+            f"reading commits of trajectory {trajectory_id}",
+            lambda: self._client.hget(snap_key, f"c{version}"),
+        )
+        return None if stored is None else _text(stored)
+
+    def rebuild_index(self, tenant: str) -> int:
+        """Rebuild the tenant's state index from its snapshots; return how many it lists.
+
+        A repair tool (the index is derived): run it when the tenant's trajectories are quiet,
+        since a commit that lands during the scan may be indexed under its older state.
+        """
+        pattern = f"{{{self.prefix}:{_enc(tenant)}:*{_SNAP_SUFFIX}"
+
+        def rebuild() -> int:
+            members: dict[str, int] = {}
+            for key in self._client.scan_iter(match=pattern, count=1000):
+                code = self._client.hget(key, "s")
+                if code is not None:
+                    members[_text(key)] = int(_text(code))
+            pipe = self._client.pipeline(transaction=True)
+            pipe.delete(self.index_key(tenant))
+            if members:
+                pipe.zadd(self.index_key(tenant), members)
+            pipe.execute()
+            return len(members)
+
+        return self._retrying(f"rebuilding the index of tenant {tenant}", rebuild)
+
+    # --- chain and ledger ------------------------------------------------------------------
+
+    def read(self, tenant: str, trajectory_id: str, start: int = 0) -> builtins.list[ChainRow]:
+        """Chain rows from ``start`` on."""
+        chain_key = self.trajectory_keys(tenant, trajectory_id)[1]
+        rows = self._read(
+            f"reading the chain of trajectory {trajectory_id}",
+            lambda: self._client.lrange(chain_key, start, -1),
+        )
+        return [decode_row(trajectory_id, row) for row in rows]
+
+    def record(self, tenant: str, key: str, result: JsonObject) -> JsonObject:
+        """``SET NX GET``: first write wins, a repeat (or a retry) gets the stored result."""
+        data = encode_result(key, result)
+        ledger_key = self.ledger_key(tenant, key)
+        previous = self._read(
+            f"recording idempotency key {key}",
+            lambda: self._client.set(ledger_key, data, nx=True, get=True),
+        )
+        return decode_result(data if previous is None else _text(previous))
+
+    def lookup(self, tenant: str, key: str) -> JsonObject | None:
+        """The stored result, or None."""
+        ledger_key = self.ledger_key(tenant, key)
+        stored = self._read(
+            f"looking up idempotency key {key}", lambda: self._client.get(ledger_key)
+        )
+        return None if stored is None else decode_result(stored)
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()

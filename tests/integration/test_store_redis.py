@@ -1,0 +1,352 @@
+"""The Redis store against real servers: lost replies, bounded retries, key layout, durability.
+
+Lost replies are made by a fault-injecting connection class: it drops the connection either
+before a command is sent or after its reply arrived (so the script did run), exactly once.
+Durability uses a test-owned ``redis-server`` (AOF, ``appendfsync always``) that is SIGKILLed by
+its PID and restarted on the same directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
+from redis.retry import Retry
+
+from kernel.errors import ConcurrentModification, ReinsError, StoreUnavailable
+from kernel.states import LifecycleState
+from store.redis_store import RedisStore, client_from_url
+from tests.conftest import REDIS_URL
+from tests.contract.advance_worker import make_record, next_version, row_for
+
+pytestmark = pytest.mark.redis
+
+
+@dataclass
+class Fault:
+    """One connection drop to inject, and what the connection saw."""
+
+    command: str = "EVALSHA"
+    when: str | None = None  # "before_send" or "after_reply"; cleared once it fires
+    then: Callable[[], None] | None = None  # runs after the script ran, before the drop
+    fired: int = 0
+    sent: list[str] = field(default_factory=list)
+    connects: int = 0
+
+
+def faulty_client(fault: Fault, url: str = REDIS_URL) -> redis.Redis:
+    """A client whose connections obey ``fault``; redis-py's own retries are off."""
+
+    class FaultyConnection(redis.Connection):
+        def connect(self) -> None:
+            fault.connects += 1
+            super().connect()
+
+        def send_command(self, *args: Any, **kwargs: Any) -> None:
+            self._reins_command = str(args[0])
+            if fault.when == "before_send" and args[0] == fault.command:
+                fault.when, fault.fired = None, fault.fired + 1
+                self.disconnect()
+                raise redis.ConnectionError("connection dropped before sending (injected)")
+            fault.sent.append(str(args[0]))
+            super().send_command(*args, **kwargs)
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            response = super().read_response(*args, **kwargs)
+            if fault.when == "after_reply" and self._reins_command == fault.command:
+                fault.when, fault.fired = None, fault.fired + 1
+                if fault.then is not None:
+                    fault.then()
+                self.disconnect()
+                raise redis.ConnectionError("reply lost (injected)")
+            return response
+
+    pool = redis.ConnectionPool.from_url(
+        url, connection_class=FaultyConnection, retry=Retry(NoBackoff(), 0)
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+@pytest.fixture
+def fault() -> Fault:
+    return Fault()
+
+
+@pytest.fixture
+def stores(key_prefix: str, fault: Fault) -> Iterator[tuple[RedisStore, RedisStore]]:
+    """(the store under faults, a plain store on the same keys for the other writer)."""
+    faulty = RedisStore(faulty_client(fault), prefix=key_prefix)
+    plain = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    yield faulty, plain
+    faulty.close()
+    plain.close()
+
+
+# --- lost replies -----------------------------------------------------------------------------
+
+
+def test_a_reply_lost_after_the_script_ran_is_resolved_by_commit_id(
+    stores: tuple[RedisStore, RedisStore], fault: Fault
+) -> None:
+    store, _ = stores
+    rec = make_record()
+    store.create(rec)
+    v2 = next_version(rec, LifecycleState.CALLING_MODEL)
+    fault.sent.clear()
+    fault.when = "after_reply"
+    assert store.compare_and_set(v2, 1, [row_for(v2, 0)], commit_id="cid-2") == 2
+    assert fault.fired == 1
+    assert fault.sent.count("EVALSHA") == 1  # resolved by reading back, not by sending again
+    assert store.load("acme", "t1") == v2
+    assert len(store.read("acme", "t1")) == 1
+    assert store.committed("acme", "t1", 2) == "cid-2"
+    assert store.list("acme", LifecycleState.CALLING_MODEL) == ["t1"]
+
+
+def test_a_lost_reply_is_no_conflict_even_when_another_writer_moved_on(
+    stores: tuple[RedisStore, RedisStore], fault: Fault
+) -> None:
+    store, other = stores
+    rec = make_record()
+    store.create(rec)
+    v2 = next_version(rec)
+    v3 = next_version(v2, LifecycleState.WAITING_TOOL)
+
+    def other_moves_on() -> None:
+        other.compare_and_set(v3, 2, [row_for(v3, 1, "other")])
+
+    fault.then = other_moves_on
+    fault.when = "after_reply"
+    assert store.compare_and_set(v2, 1, [row_for(v2, 0, "mine")], commit_id="mine") == 2
+    assert fault.fired == 1
+    assert store.load("acme", "t1") == v3
+    assert [row.detail for row in store.read("acme", "t1")] == [
+        {"writer": "mine"},
+        {"writer": "other"},
+    ]
+
+
+def test_a_lost_reply_to_a_lost_race_is_still_a_conflict(
+    stores: tuple[RedisStore, RedisStore], fault: Fault
+) -> None:
+    store, other = stores
+    rec = make_record()
+    store.create(rec)
+    theirs = next_version(rec, LifecycleState.CALLING_MODEL)
+    other.compare_and_set(theirs, 1, [row_for(theirs, 0, "other")])
+    fault.when = "after_reply"
+    mine = next_version(rec, LifecycleState.WAITING_TOOL)
+    with pytest.raises(ConcurrentModification) as caught:
+        store.compare_and_set(mine, 1, [row_for(mine, 0, "mine")])
+    assert fault.fired == 1
+    assert (caught.value.expected_version, caught.value.current_version) == (1, 2)
+    assert store.load("acme", "t1") == theirs
+    assert len(store.read("acme", "t1")) == 1
+
+
+def test_a_commit_dropped_before_sending_is_sent_once_more_and_applied_once(
+    stores: tuple[RedisStore, RedisStore], fault: Fault
+) -> None:
+    store, _ = stores
+    rec = make_record()
+    store.create(rec)
+    fault.sent.clear()
+    fault.when = "before_send"
+    v2 = next_version(rec)
+    assert store.compare_and_set(v2, 1, [row_for(v2, 0)]) == 2
+    assert fault.fired == 1
+    assert fault.sent.count("EVALSHA") == 1
+    assert len(store.read("acme", "t1")) == 1
+
+
+def test_a_read_dropped_before_sending_is_retried(
+    stores: tuple[RedisStore, RedisStore], fault: Fault
+) -> None:
+    store, _ = stores
+    store.create(make_record())
+    fault.command, fault.when = "HMGET", "before_send"
+    assert store.load("acme", "t1").record_version == 1
+    assert fault.fired == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_an_unreachable_redis_fails_after_the_bounded_attempts(fault: Fault) -> None:
+    store = RedisStore(
+        faulty_client(fault, f"redis://127.0.0.1:{_free_port()}/0"),
+        prefix="reins-nowhere",
+        retry_attempts=3,
+    )
+    with pytest.raises(StoreUnavailable, match=r"commit cid-x .*unknown outcome.*3 attempts"):
+        store.compare_and_set(next_version(make_record()), 1, commit_id="cid-x")
+    assert fault.connects == 3
+    with pytest.raises(StoreUnavailable, match="loading trajectory t1"):
+        store.load("acme", "t1")
+    assert fault.connects == 6
+
+
+# --- key layout -------------------------------------------------------------------------------
+
+
+def test_keys_are_tenant_scoped_and_a_trajectory_shares_one_slot(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    rec = make_record(tid="t:1", tenant="acme")
+    store.create(rec)
+    v2 = next_version(rec)
+    store.compare_and_set(v2, 1, [row_for(v2, 0)])
+    store.record("acme", "t:1/s2", {"ok": True})
+    keys = sorted(k.decode() for k in redis_client.scan_iter(match=f"{{{key_prefix}:*"))
+    tag = f"{{{key_prefix}:acme:t%3A1}}"
+    assert keys == [
+        f"{{{key_prefix}:acme:t%3A1%2Fs2}}:idem",
+        f"{tag}:chain",
+        f"{tag}:snap",
+        f"{{{key_prefix}:acme}}:index",
+    ]
+    assert key_slot(f"{tag}:snap".encode()) == key_slot(f"{tag}:chain".encode())
+    store.close()
+
+
+def test_the_index_is_rebuilt_from_the_snapshots(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    for tid in ("t1", "t2", "t:3"):
+        store.create(make_record(tid))
+    store.create(make_record("t9", tenant="globex"))
+    t2 = store.load("acme", "t2")
+    store.compare_and_set(next_version(t2, LifecycleState.PAUSED), 1)
+    redis_client.delete(store.index_key("acme"))
+    assert store.list("acme") == []
+    assert store.rebuild_index("acme") == 3
+    assert store.list("acme", LifecycleState.READY) == ["t1", "t:3"]
+    assert store.list("acme", LifecycleState.PAUSED) == ["t2"]
+    assert store.list("globex") == ["t9"]
+    store.close()
+
+
+# --- a test-owned server: NOSCRIPT and durability ---------------------------------------------
+
+
+@dataclass
+class OwnRedis:
+    """A redis-server this test started, on a free loopback port, persisting to ``dir``."""
+
+    dir: Path
+    port: int = field(default_factory=_free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed (make test installs it)")
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        args += ["--logfile", str(self.dir / "redis.log")]
+        self.proc = subprocess.Popen([binary, *args])
+        probe = redis.Redis.from_url(self.url, socket_timeout=1)
+        try:
+            for _ in range(400):  # bounded: up to about 10 s for start and AOF load
+                try:
+                    if probe.ping():
+                        return
+                except redis.ConnectionError:  # includes BusyLoadingError
+                    pass
+                assert self.proc.poll() is None, "redis-server exited on start"
+                time.sleep(0.025)
+            pytest.fail(f"redis-server on port {self.port} did not come up")
+        finally:
+            probe.close()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    server = OwnRedis(tmp_path)
+    server.start()
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        server.kill()
+
+
+def test_the_script_is_loaded_again_after_the_server_forgot_it(own_redis: OwnRedis) -> None:
+    store = RedisStore(client_from_url(own_redis.url), prefix="reins-noscript")
+    rec = make_record()
+    store.create(rec)
+    redis.Redis.from_url(own_redis.url).script_flush()
+    assert store.compare_and_set(next_version(rec), 1) == 2
+    store.close()
+
+
+@pytest.mark.slow
+def test_no_acknowledged_commit_is_lost_when_redis_is_killed(own_redis: OwnRedis) -> None:
+    store = RedisStore(client_from_url(own_redis.url), prefix="reins-durable", retry_attempts=2)
+    store.create(make_record())
+    acked: list[tuple[int, str]] = []
+    failures: list[BaseException] = []
+    enough = threading.Event()
+
+    def write() -> None:
+        rec = make_record()
+        try:
+            while True:
+                nxt, cid = next_version(rec), uuid.uuid4().hex
+                row = row_for(nxt, rec.record_version - 1)
+                store.compare_and_set(nxt, rec.record_version, [row], commit_id=cid)
+                acked.append((nxt.record_version, cid))
+                rec = nxt
+                if len(acked) == 300:
+                    enough.set()
+        except ReinsError as exc:
+            failures.append(exc)
+        finally:
+            enough.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert enough.wait(timeout=120)
+    own_redis.kill()  # while the writer is still committing
+    writer.join(timeout=120)
+    assert not writer.is_alive()
+    assert [type(exc) for exc in failures] == [StoreUnavailable]
+    assert len(acked) >= 300
+    store.close()
+
+    own_redis.start()
+    fresh = RedisStore(client_from_url(own_redis.url), prefix="reins-durable")
+    last = acked[-1][0]
+    version = fresh.load("acme", "t1").record_version
+    assert version in (last, last + 1)  # the commit in flight at the kill may have landed
+    assert all(fresh.committed("acme", "t1", v) == cid for v, cid in acked)
+    rows = fresh.read("acme", "t1")
+    assert [row.index for row in rows] == list(range(version - 1))
+    fresh.close()

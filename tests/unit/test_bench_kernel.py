@@ -1,0 +1,21 @@
+"""Smoke test of `reins bench kernel`: the fields exist and both sides did the work.
+
+Timing is never asserted; the figures belong in the closing note, not in a test.
+"""
+
+from ops.bench.kernel import run
+
+
+def test_bench_kernel_fields() -> None:
+    out = run(quick=True)
+    for key in (
+        "reins_traj_per_s",
+        "langgraph_traj_per_s",
+        "ratio",
+        "reins_version",
+        "langgraph_version",
+        "trajectories",
+    ):
+        assert key in out
+    assert out["reins_traj_per_s"] > 0 and out["langgraph_traj_per_s"] > 0
+    assert out["trajectories"] >= 40
