@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
 from kernel.tools import Catalog
+
+if TYPE_CHECKING:
+    from kernel.record import TrajectoryRecord
 
 
 class LoopShape(StrEnum):
@@ -29,6 +34,35 @@ class ModelRef:
     api_key_env: str | None = None
 
 
+class WaitKind(StrEnum):
+    """When a wait on a batch of tool calls ends (seed 004 10.6.2)."""
+
+    ALL = "all"  # every result, or a terminal disposition for each
+    PARTIAL = "partial"  # once ``min_results`` have arrived; the rest are withdrawn
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """A declared wait: which results end it, and how long it may last."""
+
+    kind: WaitKind = WaitKind.ALL
+    min_results: int = 1
+    deadline_s: float | None = None  # the wait's own deadline (a Tick past it withdraws)
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """Staged escalation (seed 004 table 9), triggered from the admission terms: how many
+    more model calls at the current liability still fit beside the finalization reserve."""
+
+    steer_at_calls: int = 3  # the view shows the remaining allowance and asks for less
+    restrict_at_calls: int = 1  # grants narrow to read-only tools
+
+
+Acceptance = Callable[["TrajectoryRecord"], str | None]
+"""An acceptance check: None when the claimed completion holds, else the reason it does not."""
+
+
 @dataclass(frozen=True)
 class AgentProfile:
     """Everything the kernel needs to know about an agent; built by the user's module."""
@@ -42,3 +76,6 @@ class AgentProfile:
     approval_ttl_s: float = 3600.0
     max_result_tokens: int = 2000  # a tool result over this becomes a handle plus a summary
     max_approval_requests: int = 3  # approval fatigue: fresh proposals after expiry or denial
+    wait: WaitPolicy = field(default_factory=WaitPolicy)
+    escalation: Escalation | None = None
+    acceptance: Acceptance | None = None

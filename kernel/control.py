@@ -13,7 +13,8 @@ from decimal import Decimal
 from kernel.amounts import tool_call_liability
 from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
-from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue
+from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue, ToolProgress
+from kernel.fold import refusal
 from kernel.lifecycle import Cause
 from kernel.record import ApprovalStatus, ControlKind, OpStatus, PendingControl
 from kernel.states import LIVE, LifecycleState, StopReason
@@ -36,6 +37,7 @@ def _withdraw(turn: Turn) -> None:
         rec.control_epoch += 1
     if rec.held is not None and rec.held.status is ApprovalStatus.HELD:
         rec.held.status = ApprovalStatus.WITHDRAWN
+        rec.held.decided_at = turn.now
 
 
 def _step_down(turn: Turn) -> None:
@@ -70,9 +72,7 @@ def on_control(turn: Turn, ev: ControlRequested) -> None:
     _apply_control(turn, ev)
     rec = turn.rec
     outstanding = sorted(
-        op.call_id
-        for op in rec.operations.values()
-        if op.open or op.status is OpStatus.HANDED_OFF
+        op.call_id for op in rec.operations.values() if op.open or op.status is OpStatus.HANDED_OFF
     )
     holding = rec.pending_control is not None or rec.state.value in (
         "PAUSED",
@@ -165,21 +165,14 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
         return
     if not ev.approve:
         held.status = ApprovalStatus.DENIED
+        held.decided_at = ev.now
         turn.row(
             RowKind.APPROVAL,
             tool=held.tool,
             outcome="denied",
             detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
         )
-        turn.recoverable(
-            "approval_denied",
-            {
-                "status": "error",
-                "code": "approval_denied",
-                "tool": held.tool,
-                "dispatch_status": "not_sent",
-            },
-        )
+        turn.recoverable("approval_denied", refusal(held.approval_id, "APPROVAL_DENIED"))
         turn.end_turn(Cause.WITHDRAWN)
         return
     spec = agent.catalog.get(held.tool)
@@ -189,12 +182,31 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
     clocks_ok = rec.active_s < rec.budget.deadline_s and (
         ev.now - rec.submitted_at < rec.budget.wall_clock_s
     )
-    if not fits or not clocks_ok or rec.pending_control is not None:
-        turn.note = "approved, but dispatch does not fit now: the request stays held"
+    target = str(held.args.get(spec.target_arg)) if spec.target_arg else None
+    granted = rec.grants.allows(spec.name, spec.kind.value == "write", target)
+    capacity = turn.ctx.capacity(rec, spec, held.args) if turn.ctx.capacity else True
+    if not (fits and clocks_ok and granted and capacity) or rec.pending_control is not None:
+        # Table 8: the decision is good, admission is not: record it, keep the request held,
+        # and admit it when a later delivery of the decision finds the terms met.
+        turn.row(
+            RowKind.APPROVAL,
+            tool=held.tool,
+            outcome="approved_not_admitted",
+            detail={
+                "approval_id": held.approval_id,
+                "reviewer": ev.reviewer,
+                "fits": fits,
+                "clocks": clocks_ok,
+                "granted": granted,
+                "capacity": capacity,
+            },
+        )
+        turn.note = "approved, but dispatch is not admitted now: the request stays held"
         return
     from kernel.fold import dispatch
 
     held.status = ApprovalStatus.APPROVED
+    held.decided_at = ev.now
     turn.row(
         RowKind.APPROVAL,
         tool=held.tool,
@@ -218,22 +230,36 @@ def _expire(turn: Turn) -> None:
     held = rec.held
     assert held is not None
     held.status = ApprovalStatus.EXPIRED
+    held.decided_at = turn.now
     turn.row(
         RowKind.APPROVAL,
         tool=held.tool,
         outcome="expired",
         detail={"approval_id": held.approval_id},
     )
-    turn.recoverable(
-        "approval_expired",
-        {
-            "status": "error",
-            "code": "approval_expired",
-            "tool": held.tool,
-            "dispatch_status": "not_sent",
-        },
-    )
+    turn.recoverable("approval_expired", refusal(held.approval_id, "APPROVAL_EXPIRED"))
     turn.end_turn(Cause.WITHDRAWN)
+
+
+MAX_LOG_LINES = 50
+
+
+def on_progress(turn: Turn, ev: ToolProgress) -> None:
+    """A job's log line: kept (bounded) for diagnosis; it never resumes the model."""
+    rec = turn.rec
+    op = rec.operations.get(ev.call_id)
+    if op is None or op.kind.value != "tool":
+        raise UnknownReference(f"trajectory {rec.trajectory_id}: no tool call {ev.call_id}")
+    lines = rec.job_logs.setdefault(ev.call_id, [])
+    lines.append(ev.line[:500])
+    del lines[:-MAX_LOG_LINES]
+    turn.row(
+        RowKind.TOOL,
+        call_id=ev.call_id,
+        tool=op.tool,
+        outcome="progress",
+        detail={"line": ev.line[:500]},
+    )
 
 
 def on_tick(turn: Turn) -> None:
@@ -256,3 +282,9 @@ def on_tick(turn: Turn) -> None:
         and turn.now >= held.expires_at
     ):
         _expire(turn)
+        return
+    deadline = rec.wait_deadline
+    if rec.state is S.WAITING_TOOL and deadline is not None and turn.now >= deadline:
+        from kernel import waits
+
+        waits.on_deadline(turn)

@@ -89,13 +89,23 @@ class ControlRequested(_Event):
     instructions: str | None = None
 
 
+class ToolProgress(_Event):
+    """A long job's log line or heartbeat: kept, bounded, and never a reason to resume."""
+
+    type: Literal["tool_progress"] = "tool_progress"
+    call_id: str
+    line: str
+
+
 class Tick(_Event):
     """Time passed: check the wall clock, wait deadlines and approval expiry."""
 
     type: Literal["tick"] = "tick"
 
 
-Event = Admit | ModelReplied | ToolResulted | ApprovalDecided | ControlRequested | Tick
+Event = (
+    Admit | ModelReplied | ToolResulted | ToolProgress | ApprovalDecided | ControlRequested | Tick
+)
 
 
 # --- commands --------------------------------------------------------------------------------

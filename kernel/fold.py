@@ -10,7 +10,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from kernel import shapes
+from kernel import shapes, waits
 from kernel.amounts import (
     NOTHING,
     Amounts,
@@ -124,6 +124,11 @@ def _on_final(turn: Turn, content: dict[str, Any]) -> None:
         turn.end_turn(Cause.REPLY_OBSERVE)
         return
     if outcome == "completed":
+        check = turn.ctx.agent.acceptance
+        reason = check(rec) if check is not None else None
+        if reason is not None:
+            turn.stop(StopReason.FAILED, f"acceptance check failed: {reason}")
+            return
         turn.stop(StopReason.DONE)
     else:
         turn.stop(StopReason.FAILED, f"agent reported {outcome!r}")
@@ -213,9 +218,24 @@ def call_key(turn: Turn, plan_step: str | None, index: int) -> str:
     return f"{rec.trajectory_id}:adhoc{rec.turn}{suffix}"
 
 
+def refusal(approval_id: str, reason: str) -> dict[str, Any]:
+    """The observation a withheld action returns to the model (seed 004 section 10.7.2)."""
+    return {
+        "approval_id": approval_id,
+        "status": "REFUSED",
+        "reason": reason,
+        "dispatch_status": "not_sent",
+    }
+
+
 def _hold(turn: Turn, spec: ToolSpec, args: dict[str, Any], plan_step: str | None) -> None:
     """Approval escrow: freeze the exact proposal; dispatch waits for a matching decision."""
     rec = turn.rec
+    if rec.approval_requests >= turn.ctx.agent.max_approval_requests:
+        # Approval fatigue: the agent may not flood reviewers with fresh requests.
+        turn.recoverable("approval_limit", refusal(f"{rec.trajectory_id}/ap-", "APPROVAL_LIMIT"))
+        turn.end_turn(Cause.REPLY_OBSERVE)
+        return
     rec.approval_requests += 1
     approval_id = f"{rec.trajectory_id}/ap{rec.approval_requests}"
     key = call_key(turn, plan_step, 0)
@@ -230,6 +250,7 @@ def _hold(turn: Turn, spec: ToolSpec, args: dict[str, Any], plan_step: str | Non
         held_version=rec.record_version + 1,  # the version the hold commits at
         plan_revision=rec.plan_revision,
         expires_at=turn.now + turn.ctx.agent.approval_ttl_s,
+        held_at=turn.now,
         digest=digest(proposal, size=32),
         tool=spec.name,
         args=args,
@@ -288,6 +309,7 @@ def dispatch(
                 tool=spec.name,
                 args=args,
                 plan_step=plan_step,
+                turn=rec.turn,
             )
         )
 
@@ -317,6 +339,9 @@ def dispatch(
 
         turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
         return
+    wait_s = turn.ctx.agent.wait.deadline_s
+    if cause is not None and wait_s is not None:
+        rec.wait_deadline = turn.now + wait_s
     timeout = round(rec.budget.deadline_s - rec.active_s, 6)
     for op, (spec, _args, _step) in zip(planned, calls, strict=True):
         turn.commands.append(
@@ -386,9 +411,7 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
         else:
             shapes.advance(turn)
         return
-    waiting = [o for o in rec.operations.values() if o.kind is OpKind.TOOL and o.eligible]
-    if not waiting:
-        turn.end_turn(Cause.WAIT_SATISFIED)
+    waits.after_result(turn, waits.arrived(turn))
 
 
 def _settle_tool(turn: Turn, op: Operation, ev: ToolResultEvent) -> None:

@@ -97,6 +97,7 @@ class Operation(BaseModel):
     args: dict[str, Any] | None = None
     plan_step: str | None = None
     evidence: dict[str, Any] | None = None
+    turn: int = 0  # the turn that registered it (its wait's batch)
 
     @property
     def open(self) -> bool:
@@ -129,6 +130,8 @@ class HeldProposal(BaseModel):
     plan_step: str | None = None
     call_key: str
     status: ApprovalStatus = ApprovalStatus.HELD
+    held_at: float = 0.0
+    decided_at: float | None = None  # when a decision (or expiry, or withdrawal) closed it
 
 
 class ControlKind(StrEnum):
@@ -222,6 +225,10 @@ class TrajectoryRecord(BaseModel):
     operations: dict[str, Operation] = Field(default_factory=dict)
     held: HeldProposal | None = None
     approval_requests: int = 0
+    # supervised waiting and escalation
+    wait_deadline: float | None = None
+    job_logs: dict[str, list[str]] = Field(default_factory=dict)
+    escalation: str | None = None  # "steer" or "restrict" once a stage was entered
 
     @classmethod
     def create(
@@ -276,6 +283,7 @@ class TrajectoryRecord(BaseModel):
             ops[k] = op
         d["operations"] = ops
         d["held"] = shallow_copy(self.held) if self.held is not None else None
+        d["job_logs"] = {k: list(v) for k, v in self.job_logs.items()}
         return new
 
     # --- serialisation ---------------------------------------------------------------------

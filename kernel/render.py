@@ -33,6 +33,12 @@ def render(rec: TrajectoryRecord) -> str:
             "tokens": led.tokens.allowance - led.tokens.actual - led.tokens.reserved,
         },
     }
+    if rec.escalation is not None:
+        view["budget_notice"] = {
+            "stage": rec.escalation,
+            "ask": "the budget is nearly spent: take a smaller step or give your final report",
+            "read_only": rec.grants.read_only,
+        }
     if any(s.args is not None for s in rec.plan):
         # An executed plan (ReWOO, plan-execute): the answer call sees every step's evidence.
         view["evidence"] = {

@@ -12,11 +12,12 @@ recorded returns the record unchanged with no commands.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.agent import AgentProfile
-from kernel.amounts import Dimension, model_call_liability
+from kernel.amounts import Amounts, Dimension, model_call_liability
 from kernel.chain import ChainRow, RowKind
 from kernel.closing import closing_message
 from kernel.errors import AdmissionRefused, IllegalTransition
@@ -31,6 +32,7 @@ from kernel.events import (
     Finish,
     ModelReplied,
     Tick,
+    ToolProgress,
     ToolResulted,
 )
 from kernel.lifecycle import Cause, Decision, transition
@@ -38,6 +40,7 @@ from kernel.progress import signature
 from kernel.record import Operation, OpKind, OpStatus, TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
 from kernel.states import LIVE, LifecycleState, StopReason, terminal_state_for
+from kernel.tools import ToolSpec
 
 S = LifecycleState
 
@@ -56,6 +59,9 @@ class KernelContext:
 
     agent: AgentProfile
     estimator: Estimator = estimate_tokens
+    # A local capacity gate for tools (sandbox slots, memory): (record, spec, args) -> fits.
+    # An approved action that does not fit stays held; [quota] plugs its gates in here.
+    capacity: Callable[[TrajectoryRecord, ToolSpec, dict[str, Any]], bool] | None = None
 
 
 @dataclass
@@ -153,6 +159,7 @@ class Turn:
         """Back to READY; then the progress check decides between the queue and a stop."""
         rec = self.rec
         self.move(S.READY, cause)
+        rec.wait_deadline = None
         rec.stalls = 0 if signature(rec) != rec.turn_signature else rec.stalls + 1
         if rec.stalls >= rec.budget.max_stalls:
             self.stop(StopReason.NO_PROGRESS)
@@ -206,6 +213,8 @@ def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
         control.on_control(turn, event)
     elif isinstance(event, Tick):
         control.on_tick(turn)
+    elif isinstance(event, ToolProgress):
+        control.on_progress(turn, event)
     else:  # pragma: no cover - the union is closed
         raise TypeError(f"not an event: {event!r}")
     if not turn.rows and not turn.commands and turn.quarantined is None:
@@ -214,6 +223,39 @@ def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
     if turn.rec.record_version == rec.record_version:
         turn.rec.record_version += 1  # every committed change is a new version
     return turn.result()
+
+
+def calls_that_fit(rec: TrajectoryRecord, liability: Amounts) -> int:
+    """How many more calls at this liability fit beside the finalization reserve."""
+    fits: list[int] = []
+    for dim in Dimension:
+        need = liability.get(dim)
+        if need:
+            fits.append(int(rec.ledger.headroom(dim) // need))
+    return max(min(fits), 0) if fits else 1_000_000
+
+
+def escalate(turn: Turn, liability: Amounts) -> bool:
+    """Staged escalation (seed 004 table 9) from the admission terms; True if a stage began.
+
+    Steer: the view shows the remaining allowance and asks for a smaller step or the final
+    report. Restrict: grants narrow to read-only tools. Finalize is the admission refusal
+    itself, when the next call no longer fits beside the reserve.
+    """
+    rec, policy = turn.rec, turn.ctx.agent.escalation
+    assert policy is not None
+    left = calls_that_fit(rec, liability)
+    stage = None
+    if left <= policy.restrict_at_calls and rec.escalation != "restrict":
+        stage = "restrict"
+        rec.grants.read_only = True
+    elif left <= policy.steer_at_calls and rec.escalation is None:
+        stage = "steer"
+    if stage is None:
+        return False
+    rec.escalation = stage
+    turn.row(RowKind.CONTROL, outcome=f"escalation_{stage}", detail={"calls_left": left})
+    return True
 
 
 def admit(turn: Turn) -> None:
@@ -249,6 +291,10 @@ def admit(turn: Turn) -> None:
     tokens_in = turn.ctx.estimator(view)
     cap = budget.max_output_tokens
     liability = model_call_liability(turn.ctx.agent.model.price, tokens_in, cap)
+    if turn.ctx.agent.escalation is not None and escalate(turn, liability):
+        view = render(rec)  # the view now carries the escalation notice
+        tokens_in = turn.ctx.estimator(view)
+        liability = model_call_liability(turn.ctx.agent.model.price, tokens_in, cap)
     misfit = led.first_misfit(liability)
     if misfit is not None:
         turn.stop(MISFIT_STOP[misfit])

@@ -1,0 +1,66 @@
+"""Supervised waiting: when a wait on tool results ends (seed 004 section 10.6).
+
+A wait ends when its declared policy is met (all results, or enough partial results), when its
+own deadline passes, or when it is explicitly withdrawn. Ending a wait withdraws the claim on
+the results still missing (their eligibility, and the epoch moves on), never their obligation:
+each keeps its reservation and owner until evidence settles it.
+"""
+
+from __future__ import annotations
+
+from kernel.agent import WaitKind
+from kernel.lifecycle import Cause
+from kernel.record import Operation, OpKind
+from kernel.states import LifecycleState
+from kernel.step import Turn
+
+
+def open_batch(turn: Turn) -> list[Operation]:
+    """Tool calls of the current wait whose results are still expected."""
+    return [op for op in turn.rec.operations.values() if op.kind is OpKind.TOOL and op.eligible]
+
+
+def _withdraw(turn: Turn, missing: list[Operation], code: str) -> None:
+    rec = turn.rec
+    for op in missing:
+        op.eligible = False
+    rec.control_epoch += 1
+    ids = sorted(op.call_id for op in missing)
+    turn.observe({"status": "partial", "code": code, "missing": ids, "last": rec.last_observation})
+
+
+def after_result(turn: Turn, arrived_this_turn: int) -> None:
+    """Apply the wait policy after an eligible result was staged."""
+    rec, policy = turn.rec, turn.ctx.agent.wait
+    missing = open_batch(turn)
+    if not missing:
+        rec.wait_deadline = None
+        turn.end_turn(Cause.WAIT_SATISFIED)
+        return
+    if policy.kind is WaitKind.PARTIAL and arrived_this_turn >= policy.min_results:
+        _withdraw(turn, missing, "partial_results")
+        rec.wait_deadline = None
+        turn.end_turn(Cause.WAIT_SATISFIED)
+
+
+def on_deadline(turn: Turn) -> None:
+    """The wait's deadline passed: stop waiting; what is missing stays owed, not refunded."""
+    rec = turn.rec
+    if rec.state is not LifecycleState.WAITING_TOOL:
+        return
+    _withdraw(turn, open_batch(turn), "wait_deadline")
+    rec.wait_deadline = None
+    turn.end_turn(Cause.WITHDRAWN)
+
+
+def arrived(turn: Turn) -> int:
+    """Results of this turn's batch that have arrived (settled evidence, current epoch)."""
+    rec = turn.rec
+    return sum(
+        1
+        for op in rec.operations.values()
+        if op.kind is OpKind.TOOL
+        and op.turn == rec.turn
+        and op.epoch == rec.control_epoch
+        and op.evidence is not None
+    )
