@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import uuid
 
@@ -14,7 +15,7 @@ from kernel.step import KernelContext
 from ops.report import summary, table
 from worker.agents import load_agent
 from worker.embedded import EmbeddedRunner
-from worker.models import ScriptedModel
+from worker.providers import make_model, with_model
 
 console = Console()
 
@@ -28,6 +29,22 @@ def run_cmd(
     user: str = typer.Option("cu_ana", "--user", help="the user the run acts for"),
     tenant: str = typer.Option("default", "--tenant", help="the tenant the run belongs to"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    provider: str | None = typer.Option(
+        None,
+        "--provider",
+        help="the model provider instead of the profile's: scripted or openai-compatible",
+    ),
+    base_url: str | None = typer.Option(None, "--base-url", help="the provider's base URL"),
+    model_name: str | None = typer.Option(None, "--model", help="the model name to ask for"),
+    api_key_env: str | None = typer.Option(
+        None, "--api-key-env", help="the environment variable holding the API key"
+    ),
+    latency_header: str | None = typer.Option(
+        None,
+        "--latency-header",
+        help="take each call's latency from this response header in milliseconds "
+        "(e.g. openai-processing-ms) instead of measuring wall time",
+    ),
 ) -> None:
     """Run one trajectory on the embedded runner and report how it ended."""
     agent = load_agent(agent_ref)
@@ -42,9 +59,15 @@ def run_cmd(
         now=0.0,
     )
     backend = agent.make_backend()
-    runner = EmbeddedRunner(
-        KernelContext(agent.profile), ScriptedModel(agent.make_policy(goal)), backend
+    profile = with_model(
+        agent.profile,
+        provider=provider,
+        base_url=base_url,
+        name=model_name,
+        api_key_env=api_key_env,
     )
+    model = make_model(profile, agent.make_policy(goal), os.environ, latency_header=latency_header)
+    runner = EmbeddedRunner(KernelContext(profile), model, backend)
     out = runner.run(rec)
     effects = backend.effects() if hasattr(backend, "effects") else []
     result = summary(out.record, effects)

@@ -25,7 +25,6 @@ from kernel.events import (
     Finish,
     HoldForApproval,
     LookupEffect,
-    ModelReplied,
     ToolResulted,
 )
 from kernel.record import TrajectoryRecord
@@ -117,17 +116,7 @@ class EmbeddedRunner:
         if isinstance(cmd, CallModel):
             reply = self.model.call(cmd.view, cmd.max_output_tokens, cmd.timeout_s)
             self.clock.advance(reply.latency_s)
-            return ModelReplied(
-                now=self.clock.now(),
-                call_id=cmd.call_id,
-                status=reply.status,
-                content=reply.content,
-                raw=reply.raw,
-                usage=reply.usage,
-                latency_s=reply.latency_s,
-                timed_out=reply.timed_out,
-                retry_after_s=reply.retry_after_s,
-            )
+            return reply.replied(cmd.call_id, self.clock.now())
         if isinstance(cmd, DispatchTool):
             result, secs = self.backend.call(
                 rec.user,

@@ -2,19 +2,23 @@
 
 A model never raises for what a provider can do wrong: every outcome is a :class:`ModelReply`
 with a normalised status. Latency is reported, not slept, so a simulated clock can advance.
+Providers that speak to a real API (``worker.providers``) implement the same protocol and
+accept the agent's tools and a cancel signal as keyword arguments.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.amounts import Usage
-from kernel.events import ReplyStatus
+from kernel.events import ModelReplied, ReplyStatus
 from kernel.render import Estimator, estimate_tokens
+from kernel.tools import ToolSpec
 
 
 class ModelReply(BaseModel):
@@ -29,6 +33,24 @@ class ModelReply(BaseModel):
     latency_s: float = 0.0
     timed_out: bool = False
     retry_after_s: float | None = None
+    rate_limits: dict[str, str] = Field(default_factory=dict)  # x-ratelimit-* headers seen
+    partial: str | None = None  # a canceled stream's output so far: diagnostics, never content
+    detail: str | None = None  # why a call was not COMPLETED (HTTP status, bad chunk, ...)
+
+    def replied(self, call_id: str, now: float) -> ModelReplied:
+        """The kernel event for this reply; a canceled stream's partial output rides in
+        ``raw`` (diagnostics only: the kernel never turns ``raw`` into a proposal)."""
+        return ModelReplied(
+            now=now,
+            call_id=call_id,
+            status=self.status,
+            content=self.content,
+            raw=self.raw if self.raw is not None else self.partial,
+            usage=self.usage,
+            latency_s=self.latency_s,
+            timed_out=self.timed_out,
+            retry_after_s=self.retry_after_s,
+        )
 
 
 class Model(Protocol):
@@ -57,7 +79,19 @@ class ScriptedModel:
         self.policy, self.latency_s, self.estimator = policy, latency_s, estimator
         self.calls = 0
 
-    def call(self, view: str, max_output_tokens: int, timeout_s: float) -> ModelReply:
+    def call(
+        self,
+        view: str,
+        max_output_tokens: int,
+        timeout_s: float,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelReply:
+        """Answer from the policy; the tools are the policy's business, and a call canceled
+        before it starts sends nothing and reports no usage."""
+        if cancel is not None and cancel.is_set():
+            return ModelReply(status=ReplyStatus.CANCELED, detail="canceled before it was sent")
         self.calls += 1
         out = self.policy(json.loads(view), self.calls)
         reply, latency = out if isinstance(out, tuple) else (out, self.latency_s)

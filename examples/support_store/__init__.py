@@ -100,17 +100,28 @@ PRICE = ModelPrice(
 )
 
 
+SCRIPTED = ModelRef(provider="scripted", name="refund-policy", price=PRICE)
+LOCAL_SERVER = ModelRef(
+    provider="openai-compatible",
+    name="refund-policy",
+    price=PRICE,
+    base_url="http://127.0.0.1:8000/v1",  # a vLLM / llama.cpp / LiteLLM server on this host
+    api_key_env=None,  # a hosted API names its key variable here, e.g. "OPENAI_API_KEY"
+)
+
+
 def make_agent(
     name: str = "support_store",
     on_unknown: OnUnknown = OnUnknown.STOP,
     budget: Budget | None = None,
     loop: LoopShape = LoopShape.REACT,
+    model: ModelRef = SCRIPTED,
 ) -> AgentModule:
-    """Build the agent module; tests vary the unknown-outcome rule and the budget."""
+    """Build the agent module; tests vary the unknown-outcome rule, the budget, the model."""
     tools = [get_order, search_policy, refund_tool(on_unknown), email_tool(on_unknown)]
     profile = AgentProfile(
         name=name,
-        model=ModelRef(provider="scripted", name="refund-policy", price=PRICE),
+        model=model,
         catalog=Catalog.of(t.spec for t in tools),
         loop=loop,
         budget=budget or Budget(),
@@ -124,3 +135,4 @@ def make_agent(
 
 agent = make_agent()
 agent_lookup = make_agent("support_store_lookup", on_unknown=OnUnknown.LOOKUP)
+agent_local = make_agent("support_store_local", model=LOCAL_SERVER)  # OpenAI-compatible API

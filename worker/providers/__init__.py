@@ -1,0 +1,93 @@
+"""Model providers: the provider protocol, the OpenAI-compatible client, scripted providers.
+
+An agent profile chooses its provider by name (``ModelRef.provider``); :func:`make_model` builds
+it in a process's boot step from the profile, the scripted policy and the environment (the API
+key is read from the variable the profile names, never from the profile itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from kernel.agent import AgentProfile
+from worker.models import PolicyFn, ScriptedModel
+from worker.providers.base import CancelToken, InflightCalls, Provider, ProviderConfigError
+from worker.providers.openai_compat import OpenAICompatible, from_profile_model
+from worker.providers.scripted import ReplayProvider
+from worker.recording import Recording
+
+SCRIPTED = "scripted"
+OPENAI_COMPATIBLE = "openai-compatible"
+REPLAY = "replay"
+PROVIDERS = (SCRIPTED, OPENAI_COMPATIBLE, REPLAY)
+
+__all__ = [
+    "PROVIDERS",
+    "CancelToken",
+    "InflightCalls",
+    "OpenAICompatible",
+    "Provider",
+    "ProviderConfigError",
+    "ReplayProvider",
+    "make_model",
+    "with_model",
+]
+
+
+def with_model(
+    profile: AgentProfile,
+    *,
+    provider: str | None = None,
+    base_url: str | None = None,
+    name: str | None = None,
+    api_key_env: str | None = None,
+) -> AgentProfile:
+    """The profile with its model reference changed where a value is given (the CLI's
+    ``--provider``, ``--base-url``, ``--model``, ``--api-key-env``); prices stay the profile's."""
+    ref = profile.model
+    model = dataclasses.replace(
+        ref,
+        provider=provider if provider is not None else ref.provider,
+        base_url=base_url if base_url is not None else ref.base_url,
+        name=name if name is not None else ref.name,
+        api_key_env=api_key_env if api_key_env is not None else ref.api_key_env,
+    )
+    return profile if model == ref else dataclasses.replace(profile, model=model)
+
+
+def make_model(
+    profile: AgentProfile,
+    policy: PolicyFn,
+    env: Mapping[str, str],
+    *,
+    recording: Recording | None = None,
+    latency_header: str | None = None,
+    **options: Any,
+) -> Provider:
+    """The provider the profile names: ``scripted`` (the agent's policy), ``openai-compatible``
+    (base URL, model name and key variable from the profile; ``latency_header`` and
+    ``options`` go to :class:`OpenAICompatible`) or ``replay`` (the model replies of
+    ``recording``)."""
+    ref = profile.model
+    if ref.provider == SCRIPTED:
+        return ScriptedModel(policy)
+    if ref.provider == OPENAI_COMPATIBLE:
+        tools = list(profile.catalog.tools.values())
+        return from_profile_model(
+            ref.base_url,
+            ref.name,
+            ref.api_key_env,
+            env,
+            tools,
+            latency_header=latency_header,
+            **options,
+        )
+    if ref.provider == REPLAY:
+        if recording is None:
+            raise ProviderConfigError("provider 'replay' needs a recording to answer from")
+        return ReplayProvider(recording)
+    raise ProviderConfigError(
+        f"agent {profile.name!r}: unknown provider {ref.provider!r}; known: {', '.join(PROVIDERS)}"
+    )
