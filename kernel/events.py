@@ -97,6 +97,13 @@ class ToolProgress(_Event):
     line: str
 
 
+class Recover(_Event):
+    """The worker that held this trajectory's turn is gone (its heartbeat lapsed)."""
+
+    type: Literal["recover"] = "recover"
+    worker: str = ""
+
+
 class Tick(_Event):
     """Time passed: check the wall clock, wait deadlines and approval expiry."""
 
@@ -104,7 +111,14 @@ class Tick(_Event):
 
 
 Event = (
-    Admit | ModelReplied | ToolResulted | ToolProgress | ApprovalDecided | ControlRequested | Tick
+    Admit
+    | ModelReplied
+    | ToolResulted
+    | ToolProgress
+    | ApprovalDecided
+    | ControlRequested
+    | Recover
+    | Tick
 )
 
 

@@ -396,7 +396,7 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
                 rec.ledger.settle(attempt, Amounts.of(tool_calls=1))
     unknown = status == "unknown" or (ev.looked_up and status == "absent")
     if unknown and spec is not None and spec.kind is ToolKind.WRITE:
-        _on_unknown(turn, op, spec, ev)
+        resolve_unknown(turn, op, spec, ev.looked_up)
         return
     _settle_tool(turn, op, ev)
     eligible = op.eligible and op.epoch == rec.control_epoch
@@ -462,17 +462,19 @@ def _stage(turn: Turn, op: Operation, spec: ToolSpec | None, result: dict[str, A
     )
 
 
-def _on_unknown(turn: Turn, op: Operation, spec: ToolSpec, ev: ToolResultEvent) -> None:
-    """A write whose outcome is unknown: resolved as the tool declares, never blindly."""
+def resolve_unknown(turn: Turn, op: Operation, spec: ToolSpec, looked_up: bool = False) -> None:
+    """A call whose outcome is unknown: a write is resolved as its tool declares, never
+    blindly; a read (no effect to duplicate) is simply sent again under the same key."""
     rec = turn.rec
     op.status = OpStatus.UNKNOWN  # the reservation stays until evidence settles it
     time_left = rec.active_s < rec.budget.deadline_s
-    if spec.on_unknown is OnUnknown.STOP or not time_left:
+    rule = spec.on_unknown if spec.kind is ToolKind.WRITE else OnUnknown.RESEND
+    if rule is OnUnknown.STOP or not time_left:
         turn.stop(StopReason.UNKNOWN_OUTCOME, f"{spec.name} under key {op.idempotency_key}")
         return
     attempt = f"{op.call_id}/a{len(op.attempts) + 1}"
     timeout = round(rec.budget.deadline_s - rec.active_s, 6)
-    if spec.on_unknown is OnUnknown.LOOKUP and not ev.looked_up:
+    if rule is OnUnknown.LOOKUP and not looked_up:
         op.attempts.append(attempt)
         turn.commands.append(
             LookupEffect(

@@ -31,6 +31,7 @@ from kernel.events import (
     Event,
     Finish,
     ModelReplied,
+    Recover,
     Tick,
     ToolProgress,
     ToolResulted,
@@ -215,6 +216,10 @@ def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
         control.on_tick(turn)
     elif isinstance(event, ToolProgress):
         control.on_progress(turn, event)
+    elif isinstance(event, Recover):
+        from kernel.recovery import on_recover
+
+        on_recover(turn)
     else:  # pragma: no cover - the union is closed
         raise TypeError(f"not an event: {event!r}")
     if not turn.rows and not turn.commands and turn.quarantined is None:

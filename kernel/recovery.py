@@ -1,0 +1,53 @@
+"""Recovery: the worker that held a turn is gone; carry on from the record alone.
+
+The record says which operations were in flight. None of them is assumed to have failed or
+to have succeeded: a model call that may have been sent keeps its reservation until evidence
+settles it, and its claim on the turn is withdrawn (the epoch moves on), so a late reply can
+settle but never act. A tool call that may have been sent is resolved as its tool declares:
+a read is sent again under the same key, a write is re-sent (the backend deduplicates by key),
+looked up, or ends the run ``unknown_outcome``. So every effect happens at most once per key.
+"""
+
+from __future__ import annotations
+
+from kernel.chain import RowKind
+from kernel.events import Enqueue
+from kernel.lifecycle import Cause
+from kernel.record import OpKind, OpStatus
+from kernel.states import LifecycleState
+from kernel.step import Turn
+
+S = LifecycleState
+
+
+def on_recover(turn: Turn) -> None:
+    """Resume a trajectory whose turn was stranded on a dead worker."""
+    from kernel.fold import resolve_unknown
+
+    rec = turn.rec
+    if rec.state is S.READY:
+        turn.commands.append(Enqueue())  # the queue may have lost it with the worker
+        turn.note = "recovered: re-queued"
+        return
+    if rec.state is S.CALLING_MODEL:
+        for op in rec.operations.values():
+            if op.kind is OpKind.MODEL and op.eligible:
+                op.eligible = False
+                op.status = OpStatus.UNKNOWN  # may have been sent: the reservation stays
+        rec.control_epoch += 1
+        turn.row(RowKind.CONTROL, outcome="recovered", detail={"state": "CALLING_MODEL"})
+        turn.end_turn(Cause.WITHDRAWN)
+        return
+    if rec.state is S.WAITING_TOOL:
+        turn.row(RowKind.CONTROL, outcome="recovered", detail={"state": "WAITING_TOOL"})
+        for op in list(rec.operations.values()):
+            if op.kind is not OpKind.TOOL or not op.eligible or not op.open:
+                continue
+            spec = turn.ctx.agent.catalog.get(op.tool or "")
+            if spec is None:  # pragma: no cover - the catalog is fixed for a run
+                continue
+            resolve_unknown(turn, op, spec)
+            if rec.state is not S.WAITING_TOOL:
+                return  # the rule ended the run (unknown_outcome, or a budget)
+        return
+    turn.note = f"nothing in flight to recover in {rec.state.value}"

@@ -1,0 +1,78 @@
+"""Recover: a turn stranded on a dead worker carries on from the record alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from examples.support_store import refund_tool
+from kernel.events import CallModel, DispatchTool, Enqueue, LookupEffect, Recover
+from kernel.record import OpStatus
+from kernel.states import LifecycleState, StopReason
+from kernel.tools import Catalog, OnUnknown
+from tests.kernel.driver import PLAN, Driver
+
+S = LifecycleState
+REFUND = {
+    "type": "tool",
+    "name": "issue_refund",
+    "plan_step": "s2",
+    "args": {"order_id": "ord_1001", "amount_cents": 3000, "reason": "damaged"},
+}
+
+
+def test_stranded_model_call_keeps_its_reservation_and_cannot_act_later() -> None:
+    d = Driver()
+    d.reply(d.admit(), PLAN)
+    call = d.admit()
+    epoch = d.rec.control_epoch
+    d.apply(Recover(now=d.now, worker="w1"))
+    assert d.rec.state is S.READY and d.commands(Enqueue)
+    assert d.rec.control_epoch == epoch + 1
+    assert d.rec.operations[call.call_id].status is OpStatus.UNKNOWN
+    assert call.attempt_id in d.rec.ledger.reservations, "may have been sent: still reserved"
+    late = d.reply(call, REFUND)
+    assert late.quarantined is not None and not d.commands(DispatchTool)
+    assert call.attempt_id not in d.rec.ledger.reservations, "evidence settles it"
+    assert isinstance(d.admit(), CallModel), "the next turn is admitted normally"
+
+
+def waiting_on_refund(rule: OnUnknown) -> tuple[Driver, DispatchTool]:
+    d = Driver()
+    tools = {**d.ctx.agent.catalog.tools, "issue_refund": refund_tool(rule).spec}
+    d.ctx = dataclasses.replace(
+        d.ctx, agent=dataclasses.replace(d.ctx.agent, catalog=Catalog(tools))
+    )
+    d.reply(d.admit(), PLAN)
+    d.reply(d.admit(), REFUND)
+    (dispatch,) = d.commands(DispatchTool)
+    return d, dispatch
+
+
+def test_stranded_write_with_resend_is_sent_again_under_the_same_key() -> None:
+    d, first = waiting_on_refund(OnUnknown.RESEND)
+    d.apply(Recover(now=d.now))
+    (again,) = d.commands(DispatchTool)
+    assert again.idempotency_key == first.idempotency_key == "t1:s2"
+    assert again.attempt_id != first.attempt_id and again.call_id == first.call_id
+    assert again.attempt_id in d.rec.ledger.reservations
+
+
+def test_stranded_write_with_lookup_asks_the_backend() -> None:
+    d, first = waiting_on_refund(OnUnknown.LOOKUP)
+    d.apply(Recover(now=d.now))
+    (look,) = d.commands(LookupEffect)
+    assert look.idempotency_key == first.idempotency_key
+    assert not d.commands(DispatchTool)
+
+
+def test_stranded_write_with_stop_ends_unknown_outcome() -> None:
+    d, first = waiting_on_refund(OnUnknown.STOP)
+    d.apply(Recover(now=d.now))
+    assert d.rec.stop_reason is StopReason.UNKNOWN_OUTCOME
+    assert first.attempt_id in d.rec.ledger.reservations
+
+
+def test_recover_on_a_ready_trajectory_requeues_it() -> None:
+    d = Driver()
+    res = d.apply(Recover(now=0.0))
+    assert d.commands(Enqueue) and res.note is not None
