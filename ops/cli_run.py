@@ -11,11 +11,14 @@ import typer
 from rich.console import Console
 
 from kernel.record import TrajectoryRecord
+from kernel.settings import Settings
 from kernel.step import KernelContext
 from ops.report import summary, table
+from store.sqlite import SqliteStore
 from worker.agents import load_agent
-from worker.embedded import EmbeddedRunner
 from worker.providers import make_model, with_model
+from worker.recording import RecordingRunner
+from worker.resume import store_commit
 
 console = Console()
 
@@ -38,6 +41,12 @@ def run_cmd(
     model_name: str | None = typer.Option(None, "--model", help="the model name to ask for"),
     api_key_env: str | None = typer.Option(
         None, "--api-key-env", help="the environment variable holding the API key"
+    ),
+    keep: bool = typer.Option(
+        True, "--store/--no-store", help="keep the record and its chain in the embedded store"
+    ),
+    record: str | None = typer.Option(
+        None, "--record", help="write a recording FILE for reins trace and reins replay"
     ),
     latency_header: str | None = typer.Option(
         None,
@@ -67,8 +76,15 @@ def run_cmd(
         api_key_env=api_key_env,
     )
     model = make_model(profile, agent.make_policy(goal), os.environ, latency_header=latency_header)
-    runner = EmbeddedRunner(KernelContext(profile), model, backend)
-    out = runner.run(rec)
+    commit = None
+    if keep:
+        store = SqliteStore.from_settings(Settings.from_env(os.environ))
+        store.create(rec)
+        commit = store_commit(store)
+    recorder = RecordingRunner(KernelContext(profile), model, backend, commit=commit)
+    out = recorder.start(rec)
+    if record is not None and recorder.recording is not None:
+        recorder.recording.save(record)
     effects = backend.effects() if hasattr(backend, "effects") else []
     result = summary(out.record, effects)
     if as_json:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from kernel.errors import InvalidInput
+from kernel.chain import ChainRow
+from kernel.errors import InvalidInput, SnapshotNotFound
 from kernel.record import TrajectoryRecord
+from kernel.settings import Settings
 from kernel.step import KernelContext
 from kernel.trace import postmortem, render_tree, spans_from_chain
 from ops.report import summary
+from store.sqlite import SqliteStore
 from worker.agents import load_agent
 from worker.recording import Recording, ReplayResult, replay
 
@@ -32,20 +36,40 @@ def _replay_file(path: str) -> tuple[Recording, ReplayResult, str]:
     return recording, replay(recording, KernelContext(agent.profile)), agent.profile.model.name
 
 
+def _stored(trajectory_id: str, tenant: str) -> tuple[TrajectoryRecord, list[ChainRow], str]:
+    store = SqliteStore.from_settings(Settings.from_env(os.environ))
+    try:
+        rec = store.load(tenant, trajectory_id)
+    except SnapshotNotFound:
+        raise InvalidInput(
+            f"{trajectory_id}: neither a recording file nor a trajectory of tenant {tenant!r} "
+            "in the embedded store (see reins run --json for ids, or pass --tenant)"
+        ) from None
+    model = load_agent(rec.agent).profile.model.name
+    return rec, store.read(tenant, trajectory_id), model
+
+
 def trace_cmd(
-    source: str = typer.Argument(..., metavar="FILE", help="a recording written by reins run"),
+    source: str = typer.Argument(
+        ..., metavar="FILE_OR_ID", help="a recording file, or a trajectory id in the store"
+    ),
+    tenant: str = typer.Option("default", "--tenant", help="the tenant of a stored trajectory"),
     as_json: bool = typer.Option(False, "--json", help="print spans and post-mortem as JSON"),
 ) -> None:
-    """Print the span tree and the post-mortem of a recorded run."""
-    _, result, model = _replay_file(source)
-    spans = spans_from_chain(result.rows, model=model)
-    pm = postmortem(result.rows)
+    """Print the span tree and the post-mortem of a recorded or stored run."""
+    if Path(source).is_file():
+        _, result, model = _replay_file(source)
+        rec, rows = result.record, result.rows
+    else:
+        rec, rows, model = _stored(source, tenant)
+    spans = spans_from_chain(rows, model=model)
+    pm = postmortem(rows)
     if as_json:
         body = {"spans": [s.model_dump() for s in spans], "postmortem": pm}
         sys.stdout.write(json.dumps(body, sort_keys=True) + "\n")
         return
     console.width = max(console.width, 132)
-    console.print(f"[bold]trace of {result.record.trajectory_id}[/]  (simulated seconds)")
+    console.print(f"[bold]trace of {rec.trajectory_id}[/]  (simulated seconds)")
     for line in render_tree(spans):
         console.print(line, markup=False, highlight=False)
     console.print("\n[bold]post-mortem[/]")

@@ -5,11 +5,18 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 REDIS_URL = os.environ.get("REINS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(autouse=True)
+def embedded_store_outside_the_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reins run` keeps runs in the embedded SQLite store; in tests it lives in tmp_path."""
+    monkeypatch.setenv("REINS_SQLITE_PATH", str(tmp_path) + "/reins.db")
 
 
 @pytest.fixture

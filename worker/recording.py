@@ -20,7 +20,7 @@ from kernel.events import ApprovalDecided, ControlRequested, Tick
 from kernel.record import TrajectoryRecord
 from kernel.step import KernelContext
 from worker.backend import ToolBackend
-from worker.embedded import Clock, EmbeddedRunner, RunResult
+from worker.embedded import Clock, Commit, EmbeddedRunner, RunResult
 from worker.models import Model, ModelReply
 
 External = Annotated[ApprovalDecided | ControlRequested | Tick, Field(discriminator="type")]
@@ -170,9 +170,11 @@ class ReplayBackend:
 class RecordingRunner:
     """An embedded runner that records what the world answered, for replay."""
 
-    def __init__(self, ctx: KernelContext, model: Model, backend: ToolBackend) -> None:
+    def __init__(
+        self, ctx: KernelContext, model: Model, backend: ToolBackend, commit: Commit | None = None
+    ) -> None:
         self.recording: Recording | None = None
-        self._ctx, self._model, self._backend = ctx, model, backend
+        self._ctx, self._model, self._backend, self._commit = ctx, model, backend, commit
         self.runner: EmbeddedRunner | None = None
 
     def start(self, rec: TrajectoryRecord) -> RunResult:
@@ -182,6 +184,7 @@ class RecordingRunner:
             self._ctx,
             RecordingModel(self._model, self.recording),
             RecordingBackend(self._backend, self.recording),
+            commit=self._commit,
         )
         out = self.runner.run(rec)
         self.recording.final = out.record.to_json().decode()

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 GOAL = "refund the damaged item on order ord_1001"
 
 
+STORE_DIR = tempfile.mkdtemp(prefix="reins-cli-")  # the embedded store, outside the repo
+
+
 def reins(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REINS_SQLITE_PATH": os.path.join(STORE_DIR, "reins.db")}
     return subprocess.run(
         [sys.executable, "-c", "from ops.cli import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env=env,
     )
 
 
@@ -64,3 +71,12 @@ def test_demo_shows_two_tenants_and_their_stops() -> None:
         "max_steps",
     ):
         assert word in p.stdout
+
+
+def test_run_is_kept_in_the_embedded_store_and_traced_by_id() -> None:
+    out = json.loads(reins("run", "examples.support_store:agent", "--goal", GOAL, "--json").stdout)
+    p = reins("trace", out["trajectory_id"], "--json")
+    assert p.returncode == 0, p.stderr
+    trace = json.loads(p.stdout)
+    assert trace["postmortem"]["stop"] == "done" and trace["postmortem"]["steps"] == 5
+    assert sum(1 for s in trace["spans"] if s["kind"] == "tool") == 3

@@ -72,7 +72,7 @@ def test_final_records_are_equal_field_for_field(
     cli_run.register(app)
     runner = CliRunner()
     for extra in ([], [*SERVED, "--base-url", server.base_url]):
-        result = runner.invoke(app, ["run", AGENT, "--goal", GOAL, "--json", *extra])
+        result = runner.invoke(app, ["run", AGENT, "--goal", GOAL, "--json", "--no-store", *extra])
         assert result.exit_code == 0, result.output
     scripted, served = records
     assert served.model_dump() == scripted.model_dump()
