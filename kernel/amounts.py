@@ -11,6 +11,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernel.fastmodel import construct
+
 MILLION = Decimal(1_000_000)
 ZERO = Decimal(0)
 
@@ -39,9 +41,7 @@ class Amounts(BaseModel):
         cls, steps: int = 0, tool_calls: int = 0, tokens: int = 0, dollars: Decimal = ZERO
     ) -> Amounts:
         """Build from values the kernel computed itself (no re-validation on the hot path)."""
-        return cls.model_construct(
-            steps=steps, tool_calls=tool_calls, tokens=tokens, dollars=dollars
-        )
+        return construct(cls, steps=steps, tool_calls=tool_calls, tokens=tokens, dollars=dollars)
 
     def get(self, dim: Dimension) -> int | Decimal:
         """The component for one dimension."""

@@ -22,6 +22,7 @@ from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
 from kernel.events import DispatchTool, HoldForApproval, LookupEffect, ModelReplied, ReplyStatus
 from kernel.events import ToolResulted as ToolResultEvent
+from kernel.fastmodel import construct
 from kernel.lifecycle import Cause
 from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import digest, fingerprint
@@ -298,7 +299,8 @@ def dispatch(
     for j, (spec, args, plan_step) in enumerate(calls):
         call_id = f"{rec.trajectory_id}/t{tool_ops + j + 1}"
         planned.append(
-            Operation.model_construct(
+            construct(
+                Operation,
                 op_id=call_id,
                 call_id=call_id,
                 kind=OpKind.TOOL,

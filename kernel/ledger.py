@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kernel.amounts import DIMENSIONS, NOTHING, ZERO, Amounts, Dimension
 from kernel.budget import Budget
 from kernel.errors import AdmissionRefused, InvalidInput, UnknownReference
+from kernel.fastmodel import shallow_copy
 
 
 class CountAccount(BaseModel):
@@ -71,8 +72,6 @@ class Ledger(BaseModel):
 
     def clone(self) -> Ledger:
         """A copy whose accounts and reservation table can change independently."""
-        from kernel.record import shallow_copy
-
         new = shallow_copy(self)
         d = new.__dict__
         for name in ("steps", "tool_calls", "tokens", "dollars"):

@@ -14,32 +14,20 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.amounts import Amounts
 from kernel.budget import Budget
 from kernel.errors import UnsupportedSchema
+from kernel.fastmodel import shallow_copy
 from kernel.ledger import Ledger
 from kernel.states import LifecycleState, StopReason
 
 SCHEMA_VERSION = 1
 
 JsonScalar = str | int | float | bool | None
-M = TypeVar("M", bound=BaseModel)
-
-
-def shallow_copy(model: M) -> M:
-    """A shallow copy of a pydantic model without re-validation (``model_copy`` minus its
-    overhead, which shows on the kernel's hot path)."""
-    cls = model.__class__
-    new = cls.__new__(cls)
-    object.__setattr__(new, "__dict__", model.__dict__.copy())
-    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__)
-    object.__setattr__(new, "__pydantic_extra__", None)
-    object.__setattr__(new, "__pydantic_private__", None)
-    return new
 
 
 class StepStatus(StrEnum):

@@ -36,6 +36,7 @@ from kernel.events import (
     ToolProgress,
     ToolResulted,
 )
+from kernel.fastmodel import construct
 from kernel.lifecycle import Cause, Decision, transition
 from kernel.progress import signature
 from kernel.record import Operation, OpKind, OpStatus, TrajectoryRecord
@@ -151,7 +152,7 @@ class Turn:
     def result(self) -> StepResult:
         """Package the outcome; the chain rows carry the version they are committed with."""
         version = self.rec.record_version
-        rows = [ChainRow.model_construct(record_version=version, **r) for r in self.rows]
+        rows = [construct(ChainRow, record_version=version, **r) for r in self.rows]
         return StepResult(self.rec, self.commands, rows, self.quarantined, self.note, self.ack)
 
     # --- ending a turn and ending the run ------------------------------------------------
@@ -309,7 +310,8 @@ def admit(turn: Turn) -> None:
 
     def register(r: TrajectoryRecord) -> None:
         r.ledger.admit(attempt, liability)  # may raise AdmissionRefused: nothing changes
-        r.operations[call_id] = Operation.model_construct(
+        r.operations[call_id] = construct(
+            Operation,
             op_id=call_id,
             call_id=call_id,
             kind=OpKind.MODEL,
