@@ -21,7 +21,7 @@ import abc
 import builtins
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -250,6 +250,13 @@ class SnapshotStore(abc.ABC):
     @abc.abstractmethod
     def list(self, tenant: str, state: LifecycleState | None = None) -> builtins.list[str]:
         """Ids of the tenant's trajectories (in ``state`` when given), sorted; from the index."""
+
+    def records(
+        self, tenant: str, state: LifecycleState | None = None
+    ) -> Iterator[TrajectoryRecord]:
+        """Every stored record of ``tenant`` (in ``state``), loaded one at a time."""
+        for trajectory_id in self.list(tenant, state):
+            yield self.load(tenant, trajectory_id)
 
     @abc.abstractmethod
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:

@@ -323,3 +323,31 @@ def test_approval_figures_from_records() -> None:
     assert f.held_now == 1 and f.decided == 2
     assert f.mean_decision_s == pytest.approx(900.0)
     assert f.littles_law_held == pytest.approx(3 / 3600 * 900.0)
+
+
+def test_approval_figures_are_exposed_from_the_record_store() -> None:
+    from store.memory import MemoryStore
+
+    store = MemoryStore()
+    for tid in ("t0", "t1"):
+        d, _hold = held()
+        store.create(d.rec.model_copy(update={"trajectory_id": tid}))
+    waiting = store.load("acme", "t0")
+    held_req = waiting.held
+    assert held_req is not None
+    d = Driver()
+    d.rec, d.now = waiting, held_req.held_at + 600
+    hold = HoldForApproval(
+        approval_id=held_req.approval_id,
+        held_version=held_req.held_version,
+        digest=held_req.digest,
+        tool=held_req.tool,
+        args=held_req.args,
+        expires_at=held_req.expires_at,
+    )
+    d.decide(hold)
+    store.compare_and_set(d.rec, waiting.record_version)
+    f = approval_figures(store.records("acme"), now=d.now, window_s=3600)
+    assert (f.held_now, f.decided) == (1, 1)
+    assert f.mean_decision_s == pytest.approx(600.0)
+    assert f.littles_law_held == pytest.approx(2 / 3600 * 600.0)

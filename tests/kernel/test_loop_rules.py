@@ -124,3 +124,27 @@ def test_write_call_key_comes_from_trajectory_and_plan_step() -> None:
     keys = {op.tool: op.idempotency_key for op in r.rec.operations.values() if op.tool}
     assert keys["issue_refund"] == "t1:s2"
     assert keys["send_status_email"] == "t1:s3"
+
+
+def test_a_large_result_becomes_a_handle_and_a_summary() -> None:
+    from kernel.render import bound_result, estimate_tokens
+
+    big = {"status": "ok", "code": "x", "count": 3, "text": "policy " * 2000}
+    out = bound_result(big, "t1/t1", max_tokens=2000, estimator=estimate_tokens)
+    assert out["handle"] == "t1/t1" and out["tokens"] > 2000
+    assert out["summary"]["status"] == "ok" and out["summary"]["count"] == 3
+    assert out["summary"]["text"] == {
+        "omitted_tokens": estimate_tokens('"' + "policy " * 2000 + '"')
+    }
+    small = {"status": "ok", "text": "short"}
+    assert bound_result(small, "h", 2000, estimate_tokens) is small
+
+
+def test_the_seed_policy_text_stays_in_the_view_at_the_default_size() -> None:
+    from examples.support_store.backend import POLICY_TEXT
+    from kernel.render import bound_result, estimate_tokens
+
+    result = {"status": "ok", "text": POLICY_TEXT}  # about 1,150 tokens
+    assert (
+        bound_result(result, "h", make_agent().profile.max_result_tokens, estimate_tokens) is result
+    )
