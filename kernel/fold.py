@@ -1,4 +1,4 @@
-"""Folding evidence into the record: model replies and tool results.
+"""Folding model replies into the record (tool results are in :mod:`kernel.results`).
 
 Every authentic result settles; only a result whose call is still eligible, registered under
 the current control epoch, reaches the model's view (seed 004 listing 2). Only a COMPLETED
@@ -10,30 +10,25 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from kernel import shapes, waits
+from kernel import shapes
 from kernel.amounts import (
     NOTHING,
-    Amounts,
     model_call_charge,
-    tool_call_charge,
     tool_call_liability,
 )
 from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
-from kernel.events import DispatchTool, HoldForApproval, LookupEffect, ModelReplied, ReplyStatus
-from kernel.events import ToolResulted as ToolResultEvent
+from kernel.events import DispatchTool, HoldForApproval, ModelReplied, ReplyStatus
 from kernel.fastmodel import construct
 from kernel.lifecycle import Cause
 from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import digest, fingerprint
-from kernel.record import HeldProposal, Operation, OpKind, OpStatus, StepStatus
-from kernel.render import bound_result
+from kernel.record import HeldProposal, Operation, OpKind, OpStatus
 from kernel.states import LifecycleState, StopReason
 from kernel.step import MISFIT_STOP, Turn
-from kernel.tools import OnUnknown, ToolKind, ToolSpec
+from kernel.tools import ToolKind, ToolSpec
 
 S = LifecycleState
-BUSINESS_ERRORS = frozenset({"not_found", "invalid_state"})
 
 
 # --- model replies ---------------------------------------------------------------------------
@@ -357,155 +352,3 @@ def dispatch(
                 approval_digest=approval_digest,
             )
         )
-
-
-# --- tool results -----------------------------------------------------------------------------
-
-
-def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
-    """Settle first; stage for the model only if eligible under the current epoch."""
-    rec = turn.rec
-    op = rec.operations.get(ev.call_id)
-    if op is None or op.kind is not OpKind.TOOL or ev.attempt_id not in op.attempts:
-        raise UnknownReference(
-            f"trajectory {rec.trajectory_id}: no tool call {ev.call_id} attempt {ev.attempt_id}"
-        )
-    if op.status is OpStatus.SETTLED or (
-        op.evidence is not None and op.evidence.get("attempt") == ev.attempt_id
-    ):
-        turn.note = f"duplicate result for {ev.call_id}: already settled"
-        return
-    spec = turn.ctx.agent.catalog.get(op.tool or "")
-    turn.spend_time(ev.latency_s)
-    result = ev.result
-    status = result.get("status")
-    op.evidence = {"attempt": ev.attempt_id, **result}
-    turn.row(
-        RowKind.TOOL,
-        call_id=ev.call_id,
-        tool=op.tool,
-        args=op.args,
-        outcome=str(status),
-        error=result.get("code") if status != "ok" else None,
-        duration_s=ev.latency_s,
-        detail={"key": op.idempotency_key, "attempt": ev.attempt_id, "looked_up": ev.looked_up},
-    )
-    if ev.looked_up and status == "absent":
-        # The backend's word that the key's effect never happened: evidence that settles the
-        # earlier attempts (sent, so counted, but without effect); then re-send under the key.
-        for attempt in op.attempts:
-            if attempt in rec.ledger.reservations:
-                rec.ledger.settle(attempt, Amounts.of(tool_calls=1))
-    unknown = status == "unknown" or (ev.looked_up and status == "absent")
-    if unknown and spec is not None and spec.kind is ToolKind.WRITE:
-        resolve_unknown(turn, op, spec, ev.looked_up)
-        return
-    _settle_tool(turn, op, ev)
-    eligible = op.eligible and op.epoch == rec.control_epoch
-    op.eligible = False
-    if not eligible or rec.state is not S.WAITING_TOOL:
-        turn.note = f"{ev.call_id} settled; not staged (no longer eligible)"
-        return
-    _stage(turn, op, spec, result)
-    if op.plan_step is not None and shapes.executes_plans(turn):
-        if shapes.triggered(turn, result):
-            shapes.reenter_planner(turn, result)
-        else:
-            shapes.advance(turn)
-        return
-    waits.after_result(turn, waits.arrived(turn))
-
-
-def _settle_tool(turn: Turn, op: Operation, ev: ToolResultEvent) -> None:
-    """Evidence settles every open attempt of the operation; billing evidence sets dollars."""
-    led = turn.rec.ledger
-    for attempt in op.attempts:
-        if attempt not in led.reservations:
-            continue
-        held = led.reservations[attempt]
-        if attempt == ev.attempt_id or ev.looked_up:
-            if ev.charge is None and held.dollars > 0:
-                # The call happened, the bill has not come: count the call, keep the dollars.
-                led.settle(attempt, Amounts.of(tool_calls=held.tool_calls), final=False)
-                continue
-            led.settle(attempt, tool_call_charge(ev.charge or Decimal(0)))
-        elif held.dollars == 0:
-            led.settle(attempt, Amounts.of(tool_calls=held.tool_calls))
-    op.status = (
-        OpStatus.SETTLED
-        if not any(a in led.reservations for a in op.attempts)
-        else (OpStatus.REGISTERED)
-    )
-
-
-def _stage(turn: Turn, op: Operation, spec: ToolSpec | None, result: dict[str, Any]) -> None:
-    """Fold an eligible result into facts, plan statuses and the next view."""
-    rec = turn.rec
-    status, code = result.get("status"), result.get("code")
-    step = next((s for s in rec.plan if s.id == op.plan_step), None)
-    if status == "ok":
-        turn.clear_error_streak()
-        if step is not None:
-            step.status = StepStatus.DONE
-        if spec is not None and spec.fact_fields:
-            prefix = str((op.args or {}).get(spec.fact_key, "")) if spec.fact_key else ""
-            for name in spec.fact_fields:
-                if name in result:
-                    rec.facts[f"{prefix}.{name}" if prefix else name] = result[name]
-        turn.observe(
-            bound_result(result, op.call_id, turn.ctx.agent.max_result_tokens, turn.ctx.estimator)
-        )
-        return
-    if code in BUSINESS_ERRORS and step is not None:
-        step.status = StepStatus.FAILED
-    turn.recoverable(
-        str(code or status),
-        bound_result(result, op.call_id, turn.ctx.agent.max_result_tokens, turn.ctx.estimator),
-    )
-
-
-def resolve_unknown(turn: Turn, op: Operation, spec: ToolSpec, looked_up: bool = False) -> None:
-    """A call whose outcome is unknown: a write is resolved as its tool declares, never
-    blindly; a read (no effect to duplicate) is simply sent again under the same key."""
-    rec = turn.rec
-    op.status = OpStatus.UNKNOWN  # the reservation stays until evidence settles it
-    time_left = rec.active_s < rec.budget.deadline_s
-    rule = spec.on_unknown if spec.kind is ToolKind.WRITE else OnUnknown.RESEND
-    if rule is OnUnknown.STOP or not time_left:
-        turn.stop(StopReason.UNKNOWN_OUTCOME, f"{spec.name} under key {op.idempotency_key}")
-        return
-    attempt = f"{op.call_id}/a{len(op.attempts) + 1}"
-    timeout = round(rec.budget.deadline_s - rec.active_s, 6)
-    if rule is OnUnknown.LOOKUP and not looked_up:
-        op.attempts.append(attempt)
-        turn.commands.append(
-            LookupEffect(
-                call_id=op.call_id,
-                attempt_id=attempt,
-                tool=spec.name,
-                idempotency_key=op.idempotency_key,
-            )
-        )
-        return
-    # resend (or a lookup that found no effect): a new attempt under the same key,
-    # registered and reserved before it is sent.
-    try:
-        rec.ledger.admit(attempt, tool_call_liability(spec.liability or Decimal(0)))
-    except AdmissionRefused as refused:
-        from kernel.amounts import Dimension
-
-        turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
-        return
-    op.attempts.append(attempt)
-    op.status = OpStatus.REGISTERED
-    rec.tool_dispatches += 1
-    turn.commands.append(
-        DispatchTool(
-            call_id=op.call_id,
-            attempt_id=attempt,
-            tool=spec.name,
-            args=op.args or {},
-            idempotency_key=op.idempotency_key,
-            timeout_s=min(spec.timeout_s, timeout),
-        )
-    )

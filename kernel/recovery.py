@@ -22,7 +22,7 @@ S = LifecycleState
 
 def on_recover(turn: Turn) -> None:
     """Resume a trajectory whose turn was stranded on a dead worker."""
-    from kernel.fold import resolve_unknown
+    from kernel.results import resolve_unknown
 
     rec = turn.rec
     if rec.state is S.READY:

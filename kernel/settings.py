@@ -30,6 +30,16 @@ class Settings(BaseModel):
     heartbeat_timeout_s: float = Field(5.0, gt=0)
     visibility_timeout_s: float = Field(300.0, gt=0)
     redis_retry_attempts: int = Field(5, ge=1, le=50)
+    # --- the fleet (worker/ and router/dispatch) ---
+    worker_concurrency: int = Field(64, ge=1, le=4096, description="turns a worker runs at once")
+    drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish and drain")
+    scripted_latency_s: float | None = Field(
+        None, ge=0, description="scripted models: seconds slept per call; unset: the policy's"
+    )
+    admitter_lease_s: float = Field(
+        3.0, gt=0, description="lease of the router that admits while the admitter is local"
+    )
+    tenants_file: str = Field("", description="tenant configuration (.toml or .json)")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

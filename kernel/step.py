@@ -200,7 +200,7 @@ class Turn:
 
 def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
     """Apply one event to a record; see the module docstring for the contract."""
-    from kernel import control, fold
+    from kernel import control, fold, results
 
     turn = Turn(rec, ctx, event.now)
     if isinstance(event, Admit):
@@ -208,7 +208,7 @@ def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
     elif isinstance(event, ModelReplied):
         fold.on_model_reply(turn, event)
     elif isinstance(event, ToolResulted):
-        fold.on_tool_result(turn, event)
+        results.on_tool_result(turn, event)
     elif isinstance(event, ApprovalDecided):
         control.on_approval(turn, event)
     elif isinstance(event, ControlRequested):
