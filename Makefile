@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: all venv lint test test-fast demo bench redis clean
+.PHONY: all venv lint test test-fast demo bench redis tools clean
 
 all: lint test
 
@@ -21,13 +21,18 @@ venv: $(STAMP)
 redis:
 	@bash ops/scripts/ensure-redis.sh
 
+# helm at .tools/helm and a prometheus binary, for the chart and dashboard tests.
+tools:
+	@bash ops/scripts/ensure-helm.sh
+	@bash ops/scripts/ensure-prometheus.sh
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy kernel store router worker ops examples
 
 # The whole suite, chaos runs included (CI runs exactly this).
-test: venv redis lint
+test: venv redis tools lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # For a quick local loop: skips the runs marked slow.

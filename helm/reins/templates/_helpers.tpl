@@ -1,0 +1,130 @@
+{{/* Names and labels. */}}
+{{- define "reins.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "reins.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "reins.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "reins.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: reins
+{{- end }}
+
+{{/* Selector labels of one component: include with (dict "ctx" $ "component" "router"). */}}
+{{- define "reins.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "reins.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "reins.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "reins.tenantsPath" -}}
+/etc/reins/{{ .Values.tenants.fileName }}
+{{- end }}
+
+{{/*
+The REINS_* environment of every reins container: the one list of settings (kernel/settings.py).
+A setting with its own value (URLs, tenants file, concurrency, drain grace) is set here by name;
+every other one comes from .Values.settings, so a new setting is one line in values.yaml.
+*/}}
+{{- define "reins.env" -}}
+{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" }}
+{{- range $key, $_ := .Values.settings }}
+{{- if has $key $own }}
+{{- fail (printf "settings.%s has its own value in values.yaml (see store, broker, tenants, worker); remove it from settings" $key) }}
+{{- end }}
+{{- if not (regexMatch "^[a-z][a-z0-9_]*$" $key) }}
+{{- fail (printf "settings.%s: keys are kernel/settings.py field names (lower_snake_case)" $key) }}
+{{- end }}
+{{- end -}}
+- name: PROMETHEUS_DISABLE_CREATED_SERIES  # prometheus_client: no *_created series
+  value: "True"
+- name: REINS_REDIS_URL
+{{- if .Values.store.existingSecret }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.store.existingSecret }}
+      key: {{ .Values.store.existingSecretKey }}
+{{- else }}
+  value: {{ required "store.redisUrl is required" .Values.store.redisUrl | quote }}
+{{- end }}
+- name: REINS_BROKER_URL
+{{- if .Values.broker.existingSecret }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.broker.existingSecret }}
+      key: {{ .Values.broker.existingSecretKey }}
+{{- else }}
+  value: {{ required "broker.url is required" .Values.broker.url | quote }}
+{{- end }}
+- name: REINS_TENANTS_FILE
+  value: {{ include "reins.tenantsPath" . | quote }}
+- name: REINS_WORKER_CONCURRENCY
+  value: {{ .Values.worker.concurrency | int | toString | quote }}
+- name: REINS_DRAIN_GRACE_S
+  value: {{ .Values.worker.drainGraceSeconds | toString | quote }}
+{{- range $key, $value := .Values.settings }}
+{{- if not (kindIs "invalid" $value) }}
+- name: REINS_{{ upper $key }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "reins.gatesPath" -}}
+/etc/reins/{{ .Values.gates.fileName }}
+{{- end }}
+
+{{/* Arguments: the pod's name is its ring member (worker) or replica (router) name. */}}
+{{- define "reins.routerArgs" -}}
+- --name=$(POD_NAME)
+{{- if .Values.gates.config }}
+- --gates={{ include "reins.gatesPath" . }}
+{{- end }}
+{{- with .Values.router.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "reins.workerArgs" -}}
+- --name=$(POD_NAME)
+{{- with .Values.worker.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Pod annotations: scrape hints and a checksum of the configuration, so a change rolls pods. */}}
+{{- define "reins.podAnnotations" -}}
+checksum/config: {{ include (print .ctx.Template.BasePath "/configmap.yaml") .ctx | sha256sum }}
+{{- if .ctx.Values.metrics.scrapeAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .ctx.Values.metrics.port | quote }}
+prometheus.io/path: {{ .ctx.Values.metrics.path | quote }}
+{{- end }}
+{{- with .extra }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Worker grace: long enough to drain (REINS_DRAIN_GRACE_S) plus hand-back and deregistration. */}}
+{{- define "reins.workerGraceSeconds" -}}
+{{- add (.Values.worker.drainGraceSeconds | ceil | int) (.Values.worker.terminationExtraSeconds | int) }}
+{{- end }}

@@ -1,0 +1,342 @@
+"""The Grafana dashboard of per-tenant fairness, built as data and committed as JSON.
+
+:func:`build` returns the dashboard (Grafana schema 39: a Prometheus datasource variable and a
+multi-value ``tenant`` variable); :func:`write` regenerates ``ops/dashboards/reins-fairness.json``,
+which the Helm chart ships as a ConfigMap for the Grafana sidecar. Run
+``python -m ops.dashboard`` after editing a panel; a test checks that the committed file is what
+:func:`build` gives (and so is the chart's copy, ``helm/reins/dashboards/``), and another runs
+every panel's PromQL against a real Prometheus.
+
+Expressions aggregate across processes: counters are summed over router replicas and workers;
+the admitter's gauges (READY depth, credit, Jain's index) describe one shared state, so they are
+taken with ``max``/``min`` rather than summed. The share panel divides by the charge of *every*
+tenant, so selecting a few tenants shows their share of the whole, not of the selection.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DASHBOARD_PATH = Path(__file__).with_name("dashboards") / "reins-fairness.json"
+#: The chart's copy: Helm reads files only from inside the chart directory.
+CHART_COPY = Path(__file__).parents[1] / "helm" / "reins" / "dashboards" / "reins-fairness.json"
+UID = "reins-fairness"
+SCHEMA_VERSION = 39
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GRID_WIDTH = 24
+PANEL_HEIGHT = 8
+
+T = 'tenant=~"$tenant"'  # the tenant variable's filter
+RI = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL query of a panel and how its series are named in the legend."""
+
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel: its queries, unit and width (panels flow left to right in rows of 24)."""
+
+    title: str
+    description: str
+    queries: tuple[Query, ...]
+    unit: str
+    width: int = 12
+    kind: str = "timeseries"
+    min: float | None = None
+    max: float | None = None
+
+
+def _sel(where: str) -> str:
+    return f"{{{where}}}" if where else ""
+
+
+def _rate(metric: str, by: str, where: str = T) -> str:
+    return f"sum by ({by}) (rate({metric}{_sel(where)}[{RI}]))"
+
+
+def _p99(metric: str, by: str, where: str = "") -> str:
+    inner = f"sum by ({by}, le) (rate({metric}_bucket{_sel(where)}[{RI}]))"
+    return f"histogram_quantile(0.99, {inner})"
+
+
+CHARGE = "reins_admitted_charge_tokens_total"
+
+PANELS: tuple[Panel, ...] = (
+    Panel(
+        "Admitted-charge share per tenant",
+        "Each tenant's share of the admitted scheduling charge (input tokens + output "
+        "allowance). While tenants stay backlogged, shares follow their weights; the dashed "
+        "series is the configured weight share.",
+        (
+            Query(
+                f"{_rate(CHARGE, 'tenant')} / scalar(sum(rate({CHARGE}[{RI}])))",
+                "{{tenant}}",
+            ),
+            Query(
+                f"max by (tenant) (reins_tenant_weight{{{T}}}) / "
+                "scalar(sum(max by (tenant) (reins_tenant_weight)))",
+                "{{tenant}} weight share",
+            ),
+        ),
+        "percentunit",
+        min=0,
+        max=1,
+    ),
+    Panel(
+        "Jain's fairness index",
+        "Over weight-normalised charge in the admitter's window, among tenants admitted or "
+        "queued: 1 is perfectly fair, 1/n is one tenant taking everything.",
+        (Query("min(reins_fairness_jain_index)", "Jain's index"),),
+        "none",
+        width=6,
+        kind="stat",
+        min=0,
+        max=1,
+    ),
+    Panel(
+        "Admissions per second",
+        "Model calls admitted per second, per tenant.",
+        (Query(_rate("reins_admissions_total", "tenant"), "{{tenant}}"),),
+        "reqps",
+        width=6,
+    ),
+    Panel(
+        "Admission wait p99 per tenant",
+        "99th percentile of the time a READY call waited before admission.",
+        (Query(_p99("reins_admission_wait_seconds", "tenant", T), "{{tenant}}"),),
+        "s",
+    ),
+    Panel(
+        "READY queue depth",
+        "READY calls waiting per tenant (backpressure shows here, not as failures).",
+        (Query(f"max by (tenant) (reins_ready_queue_depth{{{T}}})", "{{tenant}}"),),
+        "short",
+    ),
+    Panel(
+        "Gate refusals per second",
+        "Nominations a provider quota gate (RPM, TPM, concurrency) refused; the call stayed READY.",
+        (Query(_rate("reins_gate_refusals_total", "provider, gate", ""), "{{provider}} {{gate}}"),),
+        "reqps",
+        width=8,
+    ),
+    Panel(
+        "DRR credit per tenant",
+        "Deficit round-robin credit carried per tenant, in charge tokens.",
+        (Query(f"max by (tenant) (reins_drr_credit_tokens{{{T}}})", "{{tenant}}"),),
+        "short",
+        width=8,
+    ),
+    Panel(
+        "Spend rate",
+        "Settled spend per tenant, in dollars per hour.",
+        (Query(f"3600 * {_rate('reins_spend_dollars_total', 'tenant')}", "{{tenant}}"),),
+        "currencyUSD",
+        width=8,
+    ),
+    Panel(
+        "Stops by reason",
+        "Trajectories ending per minute, by stop reason (the closed list).",
+        (Query(f"60 * {_rate('reins_trajectory_stops_total', 'stop_reason')}", "{{stop_reason}}"),),
+        "short",
+    ),
+    Panel(
+        "Turn duration p99 per worker",
+        "99th percentile wall time of one turn on each worker.",
+        (Query(_p99("reins_turn_duration_seconds", "worker"), "{{worker}}"),),
+        "s",
+    ),
+    Panel(
+        "Model calls by status",
+        "Model replies per second by provider and normalised status.",
+        (
+            Query(
+                _rate("reins_model_calls_total", "provider, status", ""), "{{provider}} {{status}}"
+            ),
+        ),
+        "reqps",
+        width=8,
+    ),
+    Panel(
+        "Tool calls by outcome",
+        "Tool results per second by outcome.",
+        (Query(_rate("reins_tool_calls_total", "outcome", ""), "{{outcome}}"),),
+        "reqps",
+        width=8,
+    ),
+    Panel(
+        "Held approvals",
+        "Trajectories waiting for a reviewer's decision.",
+        (Query(f"max by (tenant) (reins_approvals_held{{{T}}})", "{{tenant}}"),),
+        "short",
+        width=8,
+    ),
+    Panel(
+        "Workers in the ring",
+        "Workers by membership state: active, draining, lapsed (heartbeat missed).",
+        (Query("max by (state) (reins_ring_members)", "{{state}}"),),
+        "short",
+        width=12,
+    ),
+    Panel(
+        "Store compare-and-set conflicts",
+        "Commits per second that lost a compare-and-set; the loser reloads and re-decides.",
+        (Query(f"sum(rate(reins_store_conflicts_total[{RI}]))", "conflicts"),),
+        "reqps",
+        width=12,
+    ),
+)
+
+
+def _variables() -> list[dict[str, Any]]:
+    tenants = "label_values(reins_tenant_weight, tenant)"
+    return [
+        {
+            "name": "datasource",
+            "label": "Prometheus",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "refresh": 1,
+            "regex": "",
+            "options": [],
+        },
+        {
+            "name": "tenant",
+            "label": "Tenant",
+            "type": "query",
+            "datasource": DATASOURCE,
+            "definition": tenants,
+            "query": {"query": tenants, "refId": "tenants"},
+            "refresh": 2,
+            "includeAll": True,
+            "multi": True,
+            "allValue": ".*",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "sort": 1,
+            "regex": "",
+            "options": [],
+            "hide": 0,
+        },
+    ]
+
+
+def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": panel.unit}
+    if panel.min is not None:
+        defaults["min"] = panel.min
+    if panel.max is not None:
+        defaults["max"] = panel.max
+    overrides: list[dict[str, Any]] = []
+    if panel.kind == "timeseries":
+        defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10}
+        options: dict[str, Any] = {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+        if len(panel.queries) > 1:  # reference series (e.g. weight share) are dashed
+            overrides.append(
+                {
+                    "matcher": {"id": "byFrameRefID", "options": "B"},
+                    "properties": [
+                        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                        {"id": "custom.fillOpacity", "value": 0},
+                    ],
+                }
+            )
+    else:
+        defaults["thresholds"] = {
+            "mode": "absolute",
+            "steps": [
+                {"color": "red", "value": None},
+                {"color": "orange", "value": 0.8},
+                {"color": "green", "value": 0.95},
+            ],
+        }
+        options = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "area",
+            "textMode": "auto",
+        }
+    return {
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"x": x, "y": y, "w": panel.width, "h": PANEL_HEIGHT},
+        "fieldConfig": {"defaults": defaults, "overrides": overrides},
+        "options": options,
+        "targets": [
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": DATASOURCE,
+                "expr": q.expr,
+                "legendFormat": q.legend,
+                "range": True,
+            }
+            for i, q in enumerate(panel.queries)
+        ],
+    }
+
+
+def build() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model."""
+    panels, x, y = [], 0, 0
+    for pid, panel in enumerate(PANELS, start=1):
+        if x + panel.width > GRID_WIDTH:
+            x, y = 0, y + PANEL_HEIGHT
+        panels.append(_panel(panel, pid, x, y))
+        x += panel.width
+    return {
+        "uid": UID,
+        "title": "reins / tenant fairness",
+        "description": "Per-tenant admission fairness, waits, stops and spend of a reins fleet.",
+        "tags": ["reins", "fairness"],
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "timezone": "browser",
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {"list": _variables()},
+        "panels": panels,
+    }
+
+
+def render() -> str:
+    """The committed file's exact text."""
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def queries() -> list[tuple[str, str, str]]:
+    """Every query as ``(panel title, refId, expr)``, with Grafana's variables unexpanded."""
+    return [(p["title"], t["refId"], t["expr"]) for p in build()["panels"] for t in p["targets"]]
+
+
+def write(paths: tuple[Path, ...] = (DASHBOARD_PATH, CHART_COPY)) -> tuple[Path, ...]:
+    """Regenerate the committed JSON and the chart's copy; returns their paths."""
+    text = render()
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return paths
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m ops.dashboard`
+    for written in write():
+        sys.stdout.write(f"wrote {written}\n")

@@ -1,0 +1,231 @@
+"""The Helm chart, checked with a real helm (``make tools`` puts it at .tools/helm).
+
+``helm lint`` and ``helm template`` run offline; the rendered manifests are parsed and checked
+against the code they deploy: the env names are the fields of kernel/settings.py, the values
+pass ``Settings.from_env``, the tenants file passes ``AdmissionConfig``, and the dashboard
+ConfigMap holds the committed dashboard JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernel.settings import PREFIX, Settings
+from ops.dashboard import DASHBOARD_PATH
+from router.gates import GateConfig
+from router.tenants import AdmissionConfig
+
+yaml = pytest.importorskip("yaml", reason="PyYAML parses the rendered chart")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "reins"
+#: Settings the fleet does not set, and why; every other field must be in the chart's env.
+NOT_FROM_THE_CHART = {
+    "sqlite_path": "the embedded store only",
+    "scripted_latency_s": "scripted models only (settings.scripted_latency_s: null)",
+}
+
+
+def helm_binary() -> str | None:
+    local = ROOT / ".tools" / "helm"
+    return str(local) if local.exists() else shutil.which("helm")
+
+
+HELM = helm_binary()
+pytestmark = pytest.mark.skipif(
+    HELM is None, reason="no helm: run ops/scripts/ensure-helm.sh (make tools)"
+)
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    return subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+
+
+@cache
+def render(*sets: str) -> tuple[dict[str, Any], ...]:
+    """``helm template`` with ``--set`` overrides, as parsed manifests."""
+    args = [a for s in sets for a in ("--set", s)]
+    done = helm("template", "r", str(CHART), "--namespace", "fleet", *args)
+    assert done.returncode == 0, done.stderr
+    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def one(docs: tuple[dict[str, Any], ...], kind: str, suffix: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    return found
+
+
+def container(docs: tuple[dict[str, Any], ...], component: str) -> dict[str, Any]:
+    pod = one(docs, "Deployment", f"-{component}")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    return dict(c)
+
+
+def reins_env(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c["env"] if e["name"].startswith(PREFIX)}
+
+
+def values() -> dict[str, Any]:
+    return dict(yaml.safe_load((CHART / "values.yaml").read_text()))
+
+
+def test_helm_lint_passes_strict() -> None:
+    done = helm("lint", "--strict", str(CHART))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 chart(s) failed" in done.stdout
+
+
+def test_default_render_has_the_fleet_and_no_service_monitor() -> None:
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in render())
+    assert kinds == [
+        ("ConfigMap", "r-reins-config"),
+        ("ConfigMap", "r-reins-dashboard"),
+        ("Deployment", "r-reins-router"),
+        ("Deployment", "r-reins-worker"),
+        ("Service", "r-reins-router"),
+        ("Service", "r-reins-worker-metrics"),
+    ]
+
+
+def test_worker_replicas_follow_values() -> None:
+    assert (
+        one(render(), "Deployment", "-worker")["spec"]["replicas"] == values()["worker"]["replicas"]
+    )
+    three = render("worker.replicas=3")
+    assert one(three, "Deployment", "-worker")["spec"]["replicas"] == 3
+    assert one(three, "Deployment", "-router")["spec"]["replicas"] == values()["router"]["replicas"]
+
+
+@pytest.mark.parametrize("sets", [(), ("worker.drainGraceSeconds=300",)])
+def test_worker_grace_period_covers_the_drain(sets: tuple[str, ...]) -> None:
+    docs = render(*sets)
+    pod = one(docs, "Deployment", "-worker")["spec"]["template"]["spec"]
+    drain = float(reins_env(container(docs, "worker"))["REINS_DRAIN_GRACE_S"]["value"])
+    extra = values()["worker"]["terminationExtraSeconds"]
+    assert pod["terminationGracePeriodSeconds"] == drain + extra > drain
+    # SIGTERM drains: no preStop hook, and the worker is PID 1 (exec form, no shell)
+    c = container(docs, "worker")
+    assert "lifecycle" not in c
+    assert c["command"][0] not in ("sh", "bash", "/bin/sh")
+
+
+@pytest.mark.parametrize("component", ["router", "worker"])
+def test_env_names_are_the_settings_fields(component: str) -> None:
+    env = reins_env(container(render(), component))
+    fields = {PREFIX + name.upper() for name in Settings.model_fields}
+    unknown = set(env) - fields
+    assert not unknown, f"not reins settings (the pod would refuse to start): {unknown}"
+    expected = {PREFIX + n.upper() for n in Settings.model_fields if n not in NOT_FROM_THE_CHART}
+    missing = expected - set(env)
+    assert not missing, (
+        f"settings the chart does not set: {missing}; add them under `settings:` in "
+        "helm/reins/values.yaml (or to NOT_FROM_THE_CHART with the reason)"
+    )
+    # every value the chart renders is one Settings accepts
+    settings = Settings.from_env({k: e["value"] for k, e in env.items()})
+    assert settings.redis_url != settings.broker_url
+
+
+def test_store_and_broker_urls_stay_separate() -> None:
+    env = reins_env(container(render(), "worker"))
+    assert env["REINS_REDIS_URL"]["value"] == values()["store"]["redisUrl"]
+    assert env["REINS_BROKER_URL"]["value"] == values()["broker"]["url"]
+    secret = render("store.existingSecret=store-creds", "broker.existingSecret=broker-creds")
+    env = reins_env(container(secret, "worker"))
+    store = env["REINS_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+    broker = env["REINS_BROKER_URL"]["valueFrom"]["secretKeyRef"]
+    assert (store["name"], broker["name"]) == ("store-creds", "broker-creds")
+    assert store["key"] != broker["key"]
+
+
+def test_a_setting_with_its_own_value_cannot_repeat_under_settings() -> None:
+    done = helm("template", "r", str(CHART), "--set", "settings.redis_url=redis://x:6379/0")
+    assert done.returncode != 0
+    assert "settings.redis_url has its own value" in done.stderr
+
+
+def test_tenants_configmap_is_a_valid_configuration_at_the_env_path() -> None:
+    docs = render()
+    data = one(docs, "ConfigMap", "-config")["data"]
+    (name,) = data  # no gates by default
+    AdmissionConfig.from_mapping(tomllib.loads(data[name]))
+    for component in ("router", "worker"):
+        c = container(docs, component)
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "config"]
+        assert reins_env(c)["REINS_TENANTS_FILE"]["value"] == f"{mount['mountPath']}/{name}"
+
+
+GATES = '[routes."openai/gpt-4o-mini"]\nrpm = 500\ntpm = 200000\nconcurrency = 64\n'
+
+
+@pytest.mark.parametrize("sets", [(), ("worker.replicas=3", "gates.config=" + GATES)])
+@pytest.mark.parametrize("component", ["router", "worker"])
+def test_commands_parse_with_the_reins_cli(component: str, sets: tuple[str, ...]) -> None:
+    """The rendered command line is one the `reins` CLI accepts (parsed, not run)."""
+    import typer
+    import typer.main
+
+    from ops import cli_fleet
+
+    app = typer.Typer()
+    cli_fleet.register(app)
+    group = typer.main.get_command(app)
+    docs = render(*sets)
+    c = container(docs, component)
+    assert c["command"][0] == "reins"
+    assert "POD_NAME" in {e["name"] for e in c["env"]}
+    assert "--name=$(POD_NAME)" in c["args"]
+    command = group.commands[c["command"][1]]  # type: ignore[attr-defined]
+    command.make_context(component, list(c["command"][2:]) + list(c["args"]))
+    if sets and component == "router":
+        data = one(docs, "ConfigMap", "-config")["data"]
+        (gates,) = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--gates=")]
+        GateConfig.from_mapping(tomllib.loads(data[gates.rsplit("/", 1)[1]]))
+
+
+def test_dashboard_configmap_holds_the_committed_json() -> None:
+    cm = one(render(), "ConfigMap", "-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = cm["data"]["reins-fairness.json"]
+    committed = DASHBOARD_PATH.read_text(encoding="utf-8")
+    assert shipped == committed.rstrip("\n")
+    assert json.loads(shipped)["uid"] == "reins-fairness"
+    assert not [
+        d for d in render("dashboard.enabled=false") if d["metadata"]["name"].endswith("-dashboard")
+    ]
+
+
+def test_metrics_are_scraped_by_annotations_or_service_monitor() -> None:
+    docs = render("metrics.serviceMonitor.enabled=true")
+    port = values()["metrics"]["port"]
+    for component in ("router", "worker"):
+        pod = one(docs, "Deployment", f"-{component}")["spec"]["template"]
+        notes = pod["metadata"]["annotations"]
+        assert notes["prometheus.io/scrape"] == "true"
+        assert notes["prometheus.io/port"] == str(port)
+        (p,) = [p for p in container(docs, component)["ports"] if p["name"] == "metrics"]
+        assert p["containerPort"] == port
+    monitor = one(docs, "ServiceMonitor", "r-reins")
+    wanted = monitor["spec"]["selector"]["matchLabels"]
+    scraped = [
+        d
+        for d in docs
+        if d["kind"] == "Service" and wanted.items() <= d["metadata"]["labels"].items()
+    ]
+    assert sorted(d["metadata"]["name"] for d in scraped) == [
+        "r-reins-router",
+        "r-reins-worker-metrics",
+    ]
+    for svc in scraped:
+        assert "metrics" in [p["name"] for p in svc["spec"]["ports"]]
+    router_ports = {p["name"] for p in one(docs, "Service", "-router")["spec"]["ports"]}
+    assert router_ports == {"http", "metrics"}
