@@ -151,3 +151,7 @@ class SnapshotExists(ConcurrentModification):
 
 class StoreUnavailable(StoreError):
     """The store stayed unreachable through bounded retries; the message says what is unknown."""
+
+
+class ClaimLapsed(StaleNomination):
+    """A Redis admitter claim that is no longer pending: withdrawn, or reaped with its quota."""

@@ -1,8 +1,9 @@
 """The admitter: tenants' READY model calls in, one admitted call at a time out, fairly.
 
-This is the in-memory admitter; issue 9's Redis admitter must behave the same. It validates
-at the edge (:meth:`Admitter.submit`, :meth:`Admitter.requeue`), so the per-pick path runs on
-plain state (:mod:`router.drr`) with no pydantic objects.
+This is the in-memory admitter, for the embedded runner; :mod:`router.redis_admitter` is the
+fleet's, with the same behaviour behind the same interface (:mod:`router.admission`). It
+validates at the edge (:meth:`Admitter.submit`, :meth:`Admitter.requeue`), so the per-pick path
+runs on plain state (:mod:`router.drr`) with no pydantic objects.
 
 Admission is a three-step conversation, because a pick is a nomination, not a grant::
 
@@ -13,13 +14,15 @@ Admission is a three-step conversation, because a pick is a nomination, not a gr
         admitter.decline(nomination)          # nothing deducted; call stays READY at the head
 
 A declined tenant keeps its credit and its place in its own queue; the next nomination looks
-at the other tenants first, so one tenant's closed gate does not stall the rest.
+at the other tenants first, so one tenant's refused call does not stall the rest.
+:meth:`Admitter.admit_next` runs the same conversation with the check given to it.
 
 The clock is injected (``Callable[[], float]``, seconds); tests and the bench pass simulated time.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +36,9 @@ from router.fairness import FairnessBook, FairnessFigures
 from router.tenants import AdmissionConfig, TenantConfig
 
 Clock = Callable[[], float]
+
+#: A gate route: ``provider/model``; it ends up in Redis keys, so no braces, spaces or quotes.
+ROUTE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +102,18 @@ class Admitter:
         output_allowance: int,
         service_class: str | None = None,
         budget: Budget | None = None,
+        route: str | None = None,
     ) -> ReadyCall:
         """Queue a newly submitted trajectory's first model call, or refuse it changing nothing.
 
         Raises :class:`UnknownTenant` for a tenant not configured and :class:`SubmissionRefused`
         for an unknown class, a duplicate trajectory, a call larger than the tenant's largest
-        call, a full queue (``max_ready``), or a budget above the tenant's maxima.
+        call, a full queue (``max_ready``), a budget above the tenant's maxima, or a ``route``
+        (the ``provider/model`` gate the call goes through) that is not a plain name.
         """
         lane, klass, cfg = self._resolve(tenant, trajectory_id, service_class)
-        charge = _charge(trajectory_id, input_tokens, output_allowance)
+        charge = scheduling_charge(trajectory_id, input_tokens, output_allowance)
+        route = check_route(trajectory_id, route)
         if charge > cfg.largest_call_tokens:
             raise SubmissionRefused(
                 f"trajectory {trajectory_id}: its call of {charge:,} tokens "
@@ -118,8 +127,10 @@ class Admitter:
                 f"(max_ready {cfg.max_ready:,}); retry later"
             )
         if budget is not None:
-            _check_budget(cfg, trajectory_id, budget)
-        return self._enqueue(lane, klass, trajectory_id, input_tokens, output_allowance, charge)
+            check_budget(cfg, trajectory_id, budget)
+        return self._enqueue(
+            lane, klass, trajectory_id, input_tokens, output_allowance, charge, route
+        )
 
     def requeue(
         self,
@@ -129,6 +140,7 @@ class Admitter:
         input_tokens: int,
         output_allowance: int,
         service_class: str | None = None,
+        route: str | None = None,
     ) -> ReadyCall | FinalizeNow:
         """Queue a running trajectory that returned to READY, or tell the caller to finalize it.
 
@@ -139,7 +151,8 @@ class Admitter:
         queued still raise.
         """
         lane, klass, cfg = self._resolve(tenant, trajectory_id, service_class)
-        charge = _charge(trajectory_id, input_tokens, output_allowance)
+        charge = scheduling_charge(trajectory_id, input_tokens, output_allowance)
+        route = check_route(trajectory_id, route)
         if charge > cfg.largest_call_tokens:
             return FinalizeNow(
                 trajectory_id,
@@ -147,7 +160,9 @@ class Admitter:
                 f"next call of {charge:,} tokens exceeds tenant {tenant!r}'s largest call "
                 f"of {cfg.largest_call_tokens:,}",
             )
-        return self._enqueue(lane, klass, trajectory_id, input_tokens, output_allowance, charge)
+        return self._enqueue(
+            lane, klass, trajectory_id, input_tokens, output_allowance, charge, route
+        )
 
     def withdraw(self, trajectory_id: str) -> bool:
         """Take a queued trajectory out (paused, canceled or ended while READY); False if absent."""
@@ -188,19 +203,31 @@ class Admitter:
         drr.decline(self._state, nomination)
 
     def admit_next(self, check: Callable[[ReadyCall], bool]) -> ReadyCall | None:
-        """Nominate, run ``check`` on the call, and commit or decline; the admitted call or None.
+        """Nominate, run ``check`` on the call, and commit it; the admitted call or None.
 
-        Tries each backlogged tenant at most once per call, so a closed gate cannot spin.
+        A tenant whose call ``check`` refuses keeps its place, its credit and its call at the
+        head of its queue, and the next tenant in rotation is tried past it
+        (:func:`router.drr.nominate`'s ``skip``). Once a call with a route is refused, that
+        route counts as closed for the rest of this call: tenants behind on the same route are
+        passed over too, so a smaller call never overtakes a larger one on a gate that refused
+        it (no starvation of large calls, the route's rotation unchanged), while tenants on other
+        routes go on. Each backlogged tenant is tried at most once per call, so a closed gate
+        cannot spin.
         """
         state = self._state
+        refused: set[int] = set()
+        closed: set[str] = set()
         for _ in range(len(state.new) + len(state.old)):
-            nomination = drr.nominate(state)
+            nomination = drr.nominate(state, refused, closed)
             if nomination is None:
                 return None
-            if check(nomination.call):
+            call = nomination.call
+            if check(call):
                 self.commit(nomination)
-                return nomination.call
-            drr.decline(state, nomination)
+                return call
+            refused.add(nomination.lane)
+            if call.route:
+                closed.add(call.route)
         return None
 
     # --- figures ------------------------------------------------------------------------------
@@ -242,6 +269,7 @@ class Admitter:
         input_tokens: int,
         output_allowance: int,
         charge: int,
+        route: str = "",
     ) -> ReadyCall:
         state = self._state
         tenant_lane = state.lanes[lane]
@@ -253,13 +281,14 @@ class Admitter:
             output_allowance,
             charge,
             self._clock(),
+            route,
         )
         drr.enqueue(state, lane, klass, call)
         self._where[trajectory_id] = (lane, klass, call)
         return call
 
 
-def _charge(trajectory_id: str, input_tokens: int, output_allowance: int) -> int:
+def scheduling_charge(trajectory_id: str, input_tokens: int, output_allowance: int) -> int:
     """The scheduling charge: full input plus output allowance (cached input counts in full)."""
     # bool is an int subclass; a True token count is a caller bug, not one token
     if (
@@ -275,7 +304,19 @@ def _charge(trajectory_id: str, input_tokens: int, output_allowance: int) -> int
     return input_tokens + output_allowance
 
 
-def _check_budget(cfg: TenantConfig, trajectory_id: str, budget: Budget) -> None:
+def check_route(trajectory_id: str, route: str | None) -> str:
+    """The call's gate route (``provider/model``), "" for none; refuse a name unfit for a key."""
+    if route is None or route == "":
+        return ""
+    if not isinstance(route, str) or not ROUTE_RE.match(route):
+        raise SubmissionRefused(
+            f"trajectory {trajectory_id}: route {route!r} must match {ROUTE_RE.pattern} "
+            "(provider/model, e.g. 'openai/gpt-4o-mini')"
+        )
+    return route
+
+
+def check_budget(cfg: TenantConfig, trajectory_id: str, budget: Budget) -> None:
     maxima = cfg.budget_max
     for dim in Dimension:
         ceiling = getattr(maxima, dim.value)

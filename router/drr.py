@@ -35,6 +35,7 @@ Credits are integers so that Lua (numbers exact only up to 2**53) computes the s
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from kernel.errors import StaleNomination
@@ -54,6 +55,8 @@ class ReadyCall:
     output_allowance: int
     charge: int
     ready_at: float
+    #: The provider gate it is admitted through (``provider/model``); "" for none.
+    route: str = ""
 
 
 @dataclass(slots=True, eq=False)
@@ -107,28 +110,47 @@ class Nomination:
     call: ReadyCall
 
 
-def nominate(state: DrrState) -> Nomination | None:
+def nominate(
+    state: DrrState, skip: set[int] | None = None, closed: Collection[str] = ()
+) -> Nomination | None:
     """Propose the next call to admit, or None if nothing is queued or nothing can ever fit.
 
     Changes only rotation and credit grants, never a queue; two calls with no commit, decline
     or submission between them return the same call. None with calls still queued means every
     backlogged lane sits at the credit cap with a head call larger than the cap, which a
     validated configuration rules out.
+
+    ``skip``: lanes passed over where they stand, as if they were not there (their place, credit
+    and visit are kept); ``closed``: routes whose gate refused a call, so a lane whose next call
+    goes through one of them is added to ``skip`` when the scan reaches it, before its visit
+    can end or earn credit. :meth:`Admitter.admit_next` uses both: a gate shared by every lane
+    that refuses leaves the rotation exactly as it was. (Moving each refused lane to the tail
+    instead hands the next open slot to whichever lane stood next and turns the weighted shares
+    into equal ones; letting lanes behind a refused one end their visits hands them quanta the
+    blocked lane does not get.)
     """
     new, old = state.new, state.old
     lanes = state.lanes
     cap = state.credit_cap
     idle = 0  # visits in a row that earned no credit; a full cycle of them is a stall
     while True:
-        if new:
+        if skip:
+            index, rotation = _first_unskipped(state, skip)
+            if index < 0:
+                return None
+        elif new:
             rotation = new
+            index = new[0]
         elif old:
             rotation = old
+            index = old[0]
         else:
             return None
-        index = rotation[0]
         lane = lanes[index]
         if lane.queued:
+            if closed and skip is not None and _head_route(lane) in closed:
+                skip.add(index)
+                continue
             klass = 0 if len(lane.classes) == 1 else _class_head(lane, cap)
             if klass >= 0:
                 call = lane.classes[klass].queue[0]
@@ -139,11 +161,17 @@ def nominate(state: DrrState) -> Nomination | None:
             grant = before + lane.quantum
             lane.credit = grant if grant < cap else cap
             idle = 0 if lane.credit != before else idle + 1
-            rotation.popleft()
+            if skip:
+                _leave(rotation, index)
+            else:
+                rotation.popleft()
             old.append(index)
             lane.listed = OLD
         else:  # an emptied lane's placeholder reaches the head: it leaves the rotation
-            rotation.popleft()
+            if skip:
+                _leave(rotation, index)
+            else:
+                rotation.popleft()
             lane.listed = UNLISTED
         # count the visit (inlined _count_visit: this loop is the admission hot path)
         state.round_left -= 1
@@ -152,6 +180,28 @@ def nominate(state: DrrState) -> Nomination | None:
             state.round_left = len(new) + len(old)
         if idle > len(new) + len(old):
             return None
+
+
+def _head_route(lane: TenantLane) -> str:
+    """The route of the call the lane offers next (its first active class's head)."""
+    klass = 0 if len(lane.classes) == 1 else lane.class_active[0]
+    return lane.classes[klass].queue[0].route
+
+
+def _first_unskipped(state: DrrState, skip: Collection[int]) -> tuple[int, deque[int]]:
+    """The first lane of new, then of old, that is not skipped; -1 if there is none."""
+    for rotation in (state.new, state.old):
+        for index in rotation:
+            if index not in skip:
+                return index, rotation
+    return -1, state.old
+
+
+def _leave(rotation: deque[int], index: int) -> None:
+    if rotation[0] == index:
+        rotation.popleft()
+    else:
+        rotation.remove(index)
 
 
 def commit(state: DrrState, nomination: Nomination) -> None:

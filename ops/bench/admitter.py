@@ -17,23 +17,43 @@ Two parts, both in one process with simulated time (nothing sleeps):
    for the admitter and for FIFO admission (the peer) over the same arrivals. Call sizes are
    the seed's interactive call (2,000 input + 500 output) for both tenants; the same run with
    mixed sizes is reported beside it.
+3. **Through Redis.** The backlogged tenants of part 1 in :class:`RedisAdmitter` (state and a
+   provider gate in Redis, limits wide enough never to refuse), driven by ``redis_admitters``
+   processes at once, each running the router's path (claim with gate debit, commit, requeue)
+   until ``redis_admissions`` calls are admitted in all. ``redis_admissions_per_s`` is that
+   number over the wall time from the common start to the last process's end, with up to
+   ``redis_claim_batch`` calls per script run (``claim_many``, ``commit_many``,
+   ``requeue_many``: a dispatcher filling its free slots); ``redis_admissions_per_s_unbatched``
+   is the same run with one call per script run (``nominate``, ``commit``, ``requeue``).
+   Processes start and load their scripts before the clock starts. Keys live under a fresh
+   prefix, deleted after.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing
+import os
 import random
 import statistics
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
-from kernel.errors import SubmissionRefused
+from redis.exceptions import RedisError
+
+from kernel.errors import ReinsError, SubmissionRefused
+from kernel.settings import Settings
 from router.admitter import Admitter
 from router.fairness import jain_index
+from router.gates import GateConfig
+from router.redis_admitter import Claim, RedisAdmitter
+from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
+from store.redis_store import client_from_url
 
 # --- part 1: backlogged tenants -------------------------------------------------------------
 
@@ -59,8 +79,16 @@ LOUD_FACTOR = 100
 NOISY_MAX_READY = 1_000
 
 
+# --- part 3: through Redis ------------------------------------------------------------------
+
+REDIS_ADMITTERS = 4
+REDIS_ADMISSIONS = 20_000
+REDIS_ROUTE = "bench/model"
+REDIS_BATCH = 16  # calls per claim script run: a dispatcher filling that many free slots
+
+
 def run(quick: bool = False) -> dict[str, object]:
-    """Run both parts; ``quick`` is a smaller run for smoke tests (same fields)."""
+    """Run all parts; ``quick`` is a smaller run for smoke tests (same fields)."""
     backlog = _backlogged(chunks=2 if quick else 5, chunk=5_000 if quick else 50_000)
     quiet_calls = 300 if quick else 5_000
     result: dict[str, object] = {"quick": quick, **backlog}
@@ -73,6 +101,9 @@ def run(quick: bool = False) -> dict[str, object]:
             result[f"{prefix}noisy_neighbor_baseline_p99_s{label}"] = round(base, 6)
             result[f"{prefix}noisy_neighbor_loud_p99_s{label}"] = round(loud, 6)
     result["noisy_neighbor_quiet_calls"] = quiet_calls
+    result.update(
+        _through_redis(2 if quick else REDIS_ADMITTERS, 2_000 if quick else REDIS_ADMISSIONS)
+    )
     return result
 
 
@@ -267,3 +298,126 @@ def _noisy(
 
 def _at(arrival: tuple[float, tuple[int, int]] | None) -> float:
     return math.inf if arrival is None else arrival[0]
+
+
+# --- part 3 ---------------------------------------------------------------------------------
+
+
+def _redis_setup(client: Any, prefix: str) -> tuple[RedisAdmitter, AdmissionConfig]:
+    config = _config(
+        [(n, w, max(i + o for _, i, o in mix)) for n, w, mix in BACKLOGGED],
+        BACKLOG_QUANTUM,
+        BACKLOG_CAP,
+        max_ready=TRAJECTORIES_PER_TENANT,
+    )
+    gates = RedisGates(
+        client, GateConfig.from_mapping({"routes": {REDIS_ROUTE: {}}}), prefix=prefix
+    )
+    return RedisAdmitter(client, config, prefix=prefix, gates=gates), config
+
+
+def _redis_worker(
+    url: str, prefix: str, quota: int, batch: int, ready: Any, start: Any, done: Any
+) -> None:
+    """One admitter process: claim, commit, requeue, ``quota`` times after the common start;
+    ``batch`` calls per round trip (1: one call per script run, the plain interface)."""
+    admitter, _ = _redis_setup(client_from_url(url), prefix)
+    ready.release()
+    start.wait()
+    admitted = 0
+    while admitted < quota:
+        claims: tuple[Claim, ...]
+        if batch == 1:
+            claim = admitter.nominate()
+            claims = () if claim is None else (claim,)
+            if claim is not None:
+                admitter.commit(claim)
+        else:
+            claims = admitter.claim_many(min(batch, quota - admitted)).claims
+            admitter.commit_many(claims)
+        if not claims:  # every call is claimed by the others this instant
+            continue
+        admitter.requeue_many(
+            (
+                c.call.tenant,
+                c.call.trajectory_id,
+                c.call.input_tokens,
+                c.call.output_allowance,
+                None,
+                c.call.route,
+            )
+            for c in claims
+        )
+        admitted += len(claims)
+    done.put((admitted, time.perf_counter()))
+
+
+def _through_redis(processes: int, admissions: int) -> dict[str, object]:
+    url = Settings.from_env(os.environ).redis_url
+    result: dict[str, object] = {"redis_admitters": processes}
+    for batch, suffix in ((REDIS_BATCH, ""), (1, "_unbatched")):
+        try:
+            admitted, rate, shares = _redis_run(url, processes, admissions, batch)
+        except (ReinsError, OSError, RuntimeError, RedisError) as exc:
+            result[f"redis_admissions{suffix}"] = 0
+            result[f"redis_admissions_per_s{suffix}"] = None
+            result["redis_error"] = str(exc)
+            continue
+        result[f"redis_admissions{suffix}"] = admitted
+        result[f"redis_admissions_per_s{suffix}"] = rate
+        if suffix == "":
+            result["redis_claim_batch"] = batch
+            result["redis_charge_share_pct"] = shares
+    return result
+
+
+def _redis_run(
+    url: str, processes: int, admissions: int, batch: int
+) -> tuple[int, int, dict[str, float]]:
+    prefix = f"reins-bench-admitter-{uuid.uuid4().hex[:12]}"
+    client = client_from_url(url)
+    try:
+        admitter, _ = _redis_setup(client, prefix)
+        assert admitter.gates is not None
+        admitter.gates.configure()
+        rng = random.Random(9)
+        for name, _, mix in BACKLOGGED:
+            for k in range(TRAJECTORIES_PER_TENANT):
+                i, o = _sizes(rng, mix)
+                admitter.submit(
+                    name, f"{name}-{k}", input_tokens=i, output_allowance=o, route=REDIS_ROUTE
+                )
+        ctx = multiprocessing.get_context("spawn")
+        ready, start, done = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
+        quota = admissions // processes
+        workers = [
+            ctx.Process(target=_redis_worker, args=(url, prefix, quota, batch, ready, start, done))
+            for _ in range(processes)
+        ]
+        for w in workers:
+            w.start()
+        try:
+            for _ in workers:
+                if not ready.acquire(timeout=60):
+                    raise RuntimeError("an admitter process did not start")
+            began = time.perf_counter()
+            start.set()
+            results = [done.get(timeout=600) for _ in workers]
+        finally:
+            for w in workers:
+                w.join(timeout=10)
+                if w.is_alive():
+                    w.kill()  # one this run started, by its handle
+        admitted = sum(n for n, _ in results)
+        elapsed = max(t for _, t in results) - began
+        charge = [c for _, c in admitter.admitted()]
+        shares = {
+            n: round(100 * c / sum(charge), 3)
+            for (n, _, _), c in zip(BACKLOGGED, charge, strict=True)
+        }
+        return admitted, round(admitted / elapsed), shares
+    finally:
+        with contextlib.suppress(RedisError):
+            keys = list(client.scan_iter(match=f"{{{prefix}:*", count=1000))
+            if keys:
+                client.delete(*keys)

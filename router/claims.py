@@ -1,0 +1,150 @@
+"""What the Redis admitter hands out: claims, and what the reconciler reports about lapsed ones.
+
+A :class:`Claim` is a nomination (:class:`router.drr.Nomination`) that one admitter holds
+exclusively until it commits, declines or withdraws it, or the reconciler reaps it after its
+deadline (the design note of :mod:`router.redis_admitter`). Its ``claim_id`` is also the lease id
+of its gate debit: the dispatcher renews and settles the debit under it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kernel.errors import SnapshotNotFound, SubmissionRefused
+from kernel.record import TrajectoryRecord
+from kernel.states import LifecycleState
+from router.drr import Nomination, ReadyCall
+from router.gates import GateReading
+from router.tenants import AdmissionConfig
+
+#: Whether a trajectory is still READY in the store: (tenant, trajectory id) -> bool.
+Readiness = Callable[[str, str], bool]
+
+
+@dataclass(slots=True, eq=False)
+class Claim(Nomination):
+    """A claimed nomination: the call is out of its queue and its gate debited, until resolved."""
+
+    claim_id: str = ""
+    seq: int = 0  # order of claims across every replica
+    gate: GateReading | None = None  # the route's counters right after this debit
+    depths: tuple[int, ...] = ()  # every tenant's queue depth after the claim, when asked
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAttempt:
+    """One claim script run: the claim, or None and how many nominations the gates refused."""
+
+    claim: Claim | None
+    refused: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    """A claim script run for several calls: the claims made, in order, and the refusals."""
+
+    claims: tuple[Claim, ...]
+    refused: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """What one :meth:`RedisAdmitter.reconcile` pass did with lapsed claims."""
+
+    requeued: tuple[str, ...]
+    dropped: tuple[str, ...]
+
+
+class _Loads(Protocol):
+    def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord: ...
+
+
+def store_readiness(store: _Loads) -> Readiness:
+    """Readiness read from the trajectory store: the record exists and is READY."""
+
+    def ready(tenant: str, trajectory_id: str) -> bool:
+        try:
+            return store.load(tenant, trajectory_id).state is LifecycleState.READY
+        except SnapshotNotFound:
+            return False
+
+    return ready
+
+
+def text(value: object) -> str:
+    """A reply element as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def call_from(config: AdmissionConfig, trajectory_id: str, data: str) -> ReadyCall:
+    """A queued call from its stored form, ``lane|class|input|output|charge|ready_at|route``."""
+    lane, klass, inp, out, charge, ready_at, route = data.split("|", 6)
+    cfg = config.tenants[int(lane)]
+    return ReadyCall(
+        trajectory_id,
+        cfg.name,
+        cfg.class_names[int(klass)],
+        int(inp),
+        int(out),
+        int(charge),
+        float(ready_at),
+        route,
+    )
+
+
+def claims_from(config: AdmissionConfig, reply: Sequence[Any], depths: bool) -> ClaimBatch:
+    """The claims in a claim.lua reply (layout in its header)."""
+    lanes = {t.name: i for i, t in enumerate(config.tenants)}
+    width = 10 + (len(config.tenants) if depths else 0)
+    claims = []
+    for n in range(int(reply[0])):
+        row = reply[4 + n * width : 4 + (n + 1) * width]
+        call = call_from(config, text(row[1]), text(row[2]))
+        lane = lanes[call.tenant]
+        gate = None
+        if call.route:
+            gate = GateReading(call.route, True, "ok", *(int(v) for v in row[4:10]))
+        claims.append(
+            Claim(
+                lane,
+                config.tenants[lane].class_names.index(call.service_class),
+                call,
+                claim_id=text(row[0]),
+                seq=int(row[3]),
+                gate=gate,
+                depths=tuple(int(v) for v in row[10:]),
+            )
+        )
+    return ClaimBatch(tuple(claims), int(reply[1]), text(reply[2]))
+
+
+def enqueued_from(
+    config: AdmissionConfig, entries: Sequence[tuple[Any, ...]], reply: Sequence[Any]
+) -> list[ReadyCall | SubmissionRefused]:
+    """Per entry of an enqueue.lua run (layout in its header): the queued call or its refusal."""
+    ready_at = float(text(reply[0]))
+    answers: list[ReadyCall | SubmissionRefused] = []
+    for entry, status in zip(entries, reply[1:], strict=True):
+        tid, lane, klass, input_tokens, output_allowance, charge, route, _ = entry
+        cfg = config.tenants[lane]
+        if int(status) == -1:
+            answers.append(SubmissionRefused(f"trajectory {tid} is already queued"))
+        elif int(status) < -1:
+            answers.append(
+                SubmissionRefused(
+                    f"tenant {cfg.name!r} already has {-2 - int(status):,} READY trajectories "
+                    f"queued (max_ready {cfg.max_ready:,}); retry later"
+                )
+            )
+        else:
+            name = cfg.class_names[klass]
+            answers.append(
+                ReadyCall(
+                    tid, cfg.name, name, input_tokens, output_allowance, charge, ready_at, route
+                )
+            )
+    return answers

@@ -1,0 +1,81 @@
+-- claim.lua: nominate by weighted deficit round-robin, pass the call's provider gate, and claim it.
+-- Runs after state.lua, pick.lua and gates.lua (keys and layout in their headers).
+--
+-- KEYS[1]  B:st, the admitter's state hash (B = "{<prefix>:adm}"; every key used is under B)
+-- ARGV[1]  now in seconds, or "" to use the Redis server's TIME
+-- ARGV[2]  gate refusals allowed before giving up (0: one per lane in rotation)
+-- ARGV[3]  seconds a claim may stay uncommitted before the reconciler may reap it
+-- ARGV[4]  "1" to return every lane's queue depth after each claim
+-- ARGV[5]  "claim", or "peek": only nominate and return the call, claiming nothing
+-- ARGV[6]  the trajectory id the caller expects to claim (after a peek), or ""
+-- ARGV[7]  how many calls to claim at most (a dispatcher with that many free slots)
+-- ARGV[8]  S, the number of lanes to skip; ARGV[9 .. 8+S] those lanes; ARGV[9+S ..] closed routes
+--
+-- Each try nominates as drr.nominate(state, skip, closed) does. If the call has a route, its gate
+-- is debited under the new claim id as lease id. A gate that refuses leaves that lane where it
+-- stands with its credit and its call (the call stays READY), and closes the route for the rest
+-- of this run, so no lane behind it on that route ends a visit or overtakes it; lanes on other
+-- routes are tried next. A call that passes is taken (dequeued, charge deducted, as drr.commit)
+-- and claimed: no other claim returns it until it is committed, declined or reaped. Claiming
+-- several calls in one run is claiming them one after another.
+--
+-- Returns {n, refused, last refusal reason, now, then per claim: claim id, trajectory id, call
+-- data, seq, requests, tokens, leases, rpm, tpm, concurrency (gate figures right after its
+-- debit; zeros and -1 without a route), depths...}; {-2, lane, trajectory id, call data} for a
+-- peek; {-3} if the nominated call is not the one expected.
+local now = now_or_time(ARGV[1])
+local tries = tonumber(ARGV[2])
+if tries <= 0 then
+  tries = rotation_length()
+end
+local count = tonumber(ARGV[7])
+local skip, closed = {}, {}
+local nskip = tonumber(ARGV[8])
+for i = 9, 8 + nskip do
+  skip[ARGV[i]] = true
+end
+for i = 9 + nskip, #ARGV do
+  closed[ARGV[i]] = true
+end
+local deadline = num(now + tonumber(ARGV[3]))
+local cap = const('cap')
+local reply = { 0, 0, '', num(now) }
+while reply[1] < count and reply[2] < tries do
+  local lane, k, tid, data, charge = nominate(cap, skip, closed)
+  if not lane then
+    break
+  end
+  if ARGV[5] == 'peek' then
+    return { -2, lane, tid, data }
+  end
+  if ARGV[6] ~= '' and ARGV[6] ~= tid then
+    return { -3 }
+  end
+  local seq = redis.call('HINCRBY', ST, 'seq', 1) -- a refused try leaves a gap: ids stay unique
+  local cid = 'c' .. seq
+  local route = route_of(data)
+  local ok, why, req, tok, conc, rpm, tpm, cl = 1, 'ok', 0, 0, 0, -1, -1, -1
+  if route ~= '' then
+    ok, why, req, tok, conc, rpm, tpm, cl = gate_try(route, cid, charge, now, true)
+  end
+  if ok == 1 then
+    local lost, lostc, emptied, cemptied = take(lane, k, charge)
+    redis.call('HSET', CLAIMS, cid, pack_claim(lost, lostc, emptied, cemptied, data, tid))
+    redis.call('ZADD', PEND, deadline, cid)
+    redis.call('HSET', CALLS, tid, '#' .. cid)
+    reply[1] = reply[1] + 1
+    for _, v in ipairs({ cid, tid, data, seq, req, tok, conc, rpm, tpm, cl }) do
+      reply[#reply + 1] = v
+    end
+    if ARGV[4] == '1' then
+      for i = 0, geti('n') - 1 do
+        reply[#reply + 1] = geti('q:' .. i)
+      end
+    end
+  else
+    reply[2], reply[3] = reply[2] + 1, why
+    skip[lane] = true
+    closed[route] = true
+  end
+end
+return reply

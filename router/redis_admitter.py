@@ -1,0 +1,447 @@
+"""The admitter in Redis: every router replica admits from the same queues, none twice.
+
+Same semantics as the in-memory :class:`~router.admitter.Admitter` (the contract suite holds the
+two to the same admissions, credits and depths): weighted deficit round-robin with the
+sparse-flow rule, validation at the edge, the same refusals. Its state (credits, rotation, the
+queues, and the provider gates' counters) lives in Redis under one hash tag, ``{P:adm}``, and
+changes only inside Lua scripts (``router/lua``), so two replicas never interleave half a pick.
+
+Claims
+------
+In memory a nomination is only a proposal; here, where another replica could nominate the same
+call a microsecond later, :meth:`RedisAdmitter.nominate` *claims* it. One script picks the call
+by DRR, debits its route's gate under the claim id, deducts the charge and takes the call out of
+its queue; no other claim can return it. A gate that refuses leaves the tenant where it stands,
+with its credit and its call (READY, at its queue head), and closes that route for the rest of
+the script run, so nobody behind it on the same route ends a visit or overtakes it; tenants on
+other routes are tried next (as ``Admitter.admit_next`` does with a refusing check). The claim
+then ends exactly once:
+
+* :meth:`commit` after the trajectory's compare-and-set admission succeeded: the debit stands;
+  the dispatcher sends with the claim id as lease id, renews it while the call runs, and settles
+  it (:meth:`RedisGates.after_reply`);
+* :meth:`decline` when the trajectory's own check refused: the call goes back to the head of
+  its queue with the credit it had, and the gate debit is released;
+* :meth:`withdraw` of the trajectory: the claim is dropped, the debit released;
+* the reconciler, once the claim's deadline has passed (below).
+
+Design note: the admission transaction (issue 9, item 5)
+--------------------------------------------------------
+The quota debit (here, in the admitter's slot) and the trajectory's compare-and-set (in the
+trajectory's own slot) cannot share one script on Redis Cluster, so they do not happen as one:
+**a debit without its commit is released by a reconciler within a bound**. The order is: claim
+(debit, deadline = now + ``claim_ttl_s``), then the compare-and-set, then :meth:`commit`. A
+claim still pending at its deadline means its dispatcher died or stalled before committing the
+claim. :meth:`reconcile` (any replica, periodically) looks each such trajectory up: if it is
+still READY its call goes back to the head of its queue, otherwise (the compare-and-set landed,
+or an operator paused it) the claim is dropped; either way the debit is released. The bound is
+``claim_ttl_s`` plus the reconcile period. The send is fenced by :meth:`commit`: it raises
+:class:`~kernel.errors.ClaimLapsed` if the reconciler got there first, and the dispatcher must
+then debit again (``gates.debit(route, claim_id, charge)``, waiting READY-like while it is
+refused) before the request may leave, so no request is ever sent without a standing debit.
+
+Batches: a dispatcher with several free slots may claim up to that many calls in one script
+run (:meth:`RedisAdmitter.claim_many`, the same as that many claims one after another), commit
+them together (:meth:`commit_many`) and requeue returning trajectories together
+(:meth:`requeue_many`): one round trip each instead of one per call.
+
+Figures: depths, credits, admitted calls and charge are global; the wait histogram and the
+sliding window of :meth:`figures` count this replica's own commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import redis
+
+from kernel.budget import Budget
+from kernel.errors import (
+    ClaimLapsed,
+    ConfigError,
+    StaleNomination,
+    SubmissionRefused,
+    UnknownTenant,
+)
+from kernel.states import StopReason
+from router.admitter import Clock, FinalizeNow, check_budget, check_route, scheduling_charge
+from router.claims import (
+    Claim,
+    ClaimAttempt,
+    ClaimBatch,
+    Readiness,
+    Reconciled,
+    call_from,
+    claims_from,
+    enqueued_from,
+    store_readiness,
+    text,
+)
+from router.drr import Nomination, ReadyCall
+from router.fairness import FairnessBook, FairnessFigures
+from router.redis_gates import LuaScript, RedisGates, admitter_tag
+from router.tenants import AdmissionConfig, TenantConfig
+
+__all__ = ["Claim", "ClaimAttempt", "ClaimBatch", "Reconciled", "RedisAdmitter", "store_readiness"]
+
+#: A call to queue: (tenant, trajectory id, input tokens, output allowance, class, route).
+Returning = tuple[str, str, int, int, str | None, str | None]
+
+
+class RedisAdmitter:
+    """The admitter over Redis; one instance per owner (not thread-safe), any number per fleet.
+
+    Construction writes the configuration into an empty admitter state, or checks that the
+    state holds the same one (:class:`ConfigError` otherwise: reconfiguring a live admitter is
+    not supported yet). ``gates`` must be configured (:meth:`RedisGates.configure`) under the
+    same prefix; a call with a route is refused at submission unless ``gates`` knows it.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        config: AdmissionConfig,
+        *,
+        prefix: str = "reins",
+        clock: Clock | None = None,
+        gates: RedisGates | None = None,
+        claim_ttl_s: float = 30.0,
+    ) -> None:
+        if gates is not None and gates.prefix != prefix:
+            raise ConfigError(f"gates use prefix {gates.prefix!r}, the admitter {prefix!r}")
+        if claim_ttl_s <= 0:
+            raise ConfigError("claim_ttl_s must be positive")
+        self.config = config
+        self.tag = admitter_tag(prefix)
+        self.gates = gates
+        self._client = client
+        self._clock = clock
+        self._claim_ttl = repr(float(claim_ttl_s))
+        self._keys = (f"{self.tag}:st",)
+        self._lane_of = {t.name: i for i, t in enumerate(config.tenants)}
+        self._class_of = [{c: k for k, c in enumerate(t.class_names)} for t in config.tenants]
+        self._claim = LuaScript(client, "state.lua", "pick.lua", "gates.lua", "claim.lua")
+        self._commit = LuaScript(client, "state.lua", "commit.lua")
+        self._enqueue = LuaScript(client, "state.lua", "queue.lua", "enqueue.lua")
+        self._resolve = LuaScript(client, "state.lua", "queue.lua", "gates.lua", "resolve.lua")
+        self._book = FairnessBook(
+            names=[t.name for t in config.tenants],
+            weights=[t.weight for t in config.tenants],
+            wait_buckets_s=config.wait_buckets_s,
+            window_s=config.fairness_window_s,
+        )
+        args: list[object] = [_fingerprint(config), config.credit_cap_tokens, len(config.tenants)]
+        for t in config.tenants:
+            args += [round(config.quantum_tokens * t.weight), len(t.class_names)]
+            args += [round(config.quantum_tokens * w) for w in t.class_weights]
+        reply = LuaScript(client, "state.lua", "init.lua")(self._keys, args, retry=True)
+        if isinstance(reply, list):
+            raise ConfigError(
+                f"admitter state {self.tag} holds another configuration ({text(reply[1])}); "
+                "drain it or use another REINS_KEY_PREFIX"
+            )
+
+    def _now(self) -> str:
+        return "" if self._clock is None else repr(self._clock())
+
+    # --- edge: validated entry ----------------------------------------------------------------
+
+    def submit(
+        self,
+        tenant: str,
+        trajectory_id: str,
+        *,
+        input_tokens: int,
+        output_allowance: int,
+        service_class: str | None = None,
+        budget: Budget | None = None,
+        route: str | None = None,
+    ) -> ReadyCall:
+        """Queue a new trajectory's first call, or refuse it changing nothing (as Admitter)."""
+        lane, klass, cfg = self._resolve_names(tenant, service_class)
+        charge = scheduling_charge(trajectory_id, input_tokens, output_allowance)
+        route = self._route(trajectory_id, route, charge)
+        if charge > cfg.largest_call_tokens:
+            raise SubmissionRefused(
+                f"trajectory {trajectory_id}: its call of {charge:,} tokens "
+                f"({input_tokens:,} input + {output_allowance:,} output allowance) exceeds "
+                f"tenant {tenant!r}'s largest call of {cfg.largest_call_tokens:,}"
+            )
+        if budget is not None:
+            check_budget(cfg, trajectory_id, budget)
+        entry = (trajectory_id, lane, klass, input_tokens, output_allowance, charge, route)
+        answer = self._put([(*entry, cfg.max_ready)])[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def requeue(
+        self,
+        tenant: str,
+        trajectory_id: str,
+        *,
+        input_tokens: int,
+        output_allowance: int,
+        service_class: str | None = None,
+        route: str | None = None,
+    ) -> ReadyCall | FinalizeNow:
+        """Queue a trajectory back at READY, never refused for a full queue (as Admitter)."""
+        entry = (tenant, trajectory_id, input_tokens, output_allowance, service_class, route)
+        answer = self.requeue_many([entry])[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def requeue_many(
+        self, calls: Iterable[Returning]
+    ) -> list[ReadyCall | FinalizeNow | SubmissionRefused]:
+        """:meth:`requeue` for several trajectories in one round trip; per call, its answer.
+
+        Unknown tenants and classes and malformed calls raise before anything is queued; a
+        trajectory already queued is answered with its :class:`SubmissionRefused`.
+        """
+        answers: list[ReadyCall | FinalizeNow | SubmissionRefused] = []
+        entries: list[tuple[Any, ...]] = []
+        slots: list[int] = []
+        for tenant, tid, input_tokens, output_allowance, service_class, route in calls:
+            lane, klass, cfg = self._resolve_names(tenant, service_class)
+            charge = scheduling_charge(tid, input_tokens, output_allowance)
+            route = self._route(tid, route, charge)
+            if charge > cfg.largest_call_tokens:
+                if self.is_queued(tid):
+                    raise SubmissionRefused(f"trajectory {tid} is already queued")
+                answers.append(
+                    FinalizeNow(
+                        tid,
+                        StopReason.MAX_TOKENS,
+                        f"next call of {charge:,} tokens exceeds tenant {tenant!r}'s largest "
+                        f"call of {cfg.largest_call_tokens:,}",
+                    )
+                )
+                continue
+            slots.append(len(answers))
+            answers.append(FinalizeNow(tid, StopReason.MAX_TOKENS, ""))  # replaced below
+            entries.append((tid, lane, klass, input_tokens, output_allowance, charge, route, -1))
+        for slot, answer in zip(slots, self._put(entries), strict=True):
+            answers[slot] = answer
+        return answers
+
+    def withdraw(self, trajectory_id: str) -> bool:
+        """Take a trajectory out, queued or claimed (its claim dropped); False if absent."""
+        reply = self._resolve(self._keys, ("withdraw", trajectory_id, self._now()), retry=False)
+        return int(reply[0]) == 1
+
+    def is_queued(self, trajectory_id: str) -> bool:
+        """True while the trajectory waits in a queue or is claimed and not yet committed."""
+        return bool(self._client.hexists(f"{self.tag}:calls", trajectory_id))
+
+    # --- hot path -----------------------------------------------------------------------------
+
+    def nominate(self) -> Claim | None:
+        """Claim the next call that passes its gate, or None (nothing queued, or all gated)."""
+        return self.claim().claim
+
+    def claim(
+        self,
+        tries: int = 0,
+        *,
+        depths: bool = False,
+        expect: str = "",
+        skip: Sequence[int] = (),
+        closed: Sequence[str] = (),
+    ) -> ClaimAttempt:
+        """One claim: ``tries`` gate refusals at most (0: one per lane in rotation); ``expect``:
+        claim only that trajectory (reason "moved" if another comes first); ``skip`` and
+        ``closed``: lanes and routes passed over (:func:`router.drr.nominate`)."""
+        batch = self.claim_many(1, tries, depths=depths, expect=expect, skip=skip, closed=closed)
+        return ClaimAttempt(batch.claims[0] if batch.claims else None, batch.refused, batch.reason)
+
+    def claim_many(
+        self,
+        count: int,
+        tries: int = 0,
+        *,
+        depths: bool = False,
+        expect: str = "",
+        skip: Sequence[int] = (),
+        closed: Sequence[str] = (),
+    ) -> ClaimBatch:
+        """Up to ``count`` claims in one script run, as many :meth:`claim` calls in a row."""
+        args = (self._now(), tries, self._claim_ttl, "1" if depths else "0", "claim", expect)
+        reply = self._claim(self._keys, (*args, count, len(skip), *skip, *closed), retry=False)
+        if int(reply[0]) == -3:
+            return ClaimBatch((), 0, "moved")
+        return claims_from(self.config, reply, depths)
+
+    def commit(self, nomination: Nomination) -> float:
+        """End a claim as admitted; returns the call's admission wait (s).
+
+        Raises :class:`ClaimLapsed` (a :class:`StaleNomination`) if the claim is no longer
+        pending: withdrawn, or reaped after its deadline (then debit again before sending).
+        """
+        wait = self.commit_many([nomination])[0]
+        if wait is None:
+            claim = _claim_of(nomination)
+            raise ClaimLapsed(
+                f"claim {claim.claim_id} of {claim.call.trajectory_id} is no longer pending: "
+                "withdrawn, or reaped and its quota released; debit again before sending"
+            )
+        return wait
+
+    def commit_many(self, nominations: Sequence[Nomination]) -> list[float | None]:
+        """Commit several claims in one round trip; per claim its wait, or None if it lapsed."""
+        claims = [_claim_of(n) for n in nominations]
+        reply = self._commit(self._keys, (self._now(), *(c.claim_id for c in claims)), retry=False)
+        now = float(text(reply[0]))
+        waits: list[float | None] = []
+        for claim, done in zip(claims, reply[1:], strict=True):
+            if int(done) != 1:
+                waits.append(None)
+                continue
+            call = claim.call
+            waits.append(now - call.ready_at)
+            self._book.record(claim.lane, call.charge, now - call.ready_at, now)
+        return waits
+
+    def decline(self, nomination: Nomination) -> None:
+        """End a claim as refused: the call is READY at its queue head again, its debit released."""
+        claim = _claim_of(nomination)
+        reply = self._resolve(self._keys, ("decline", claim.claim_id, self._now()), retry=False)
+        if int(reply[0]) != 1:
+            raise StaleNomination(
+                f"claim {claim.claim_id} of {claim.call.trajectory_id} is no longer pending; "
+                "nothing to decline"
+            )
+
+    def admit_next(self, check: Callable[[ReadyCall], bool]) -> ReadyCall | None:
+        """As :meth:`Admitter.admit_next`: the next call ``check`` and its gate accept, committed.
+
+        Each step peeks at the nomination (nothing claimed), runs ``check``, and claims that very
+        call; a refused tenant is skipped where it stands and its route closed for this call.
+        """
+        skip: list[int] = []
+        closed: list[str] = []
+        for _ in range(max(self._rotation_length(), 1)):
+            args = (self._now(), 1, self._claim_ttl, "0", "peek", "", 1, len(skip))
+            reply = self._claim(self._keys, (*args, *skip, *closed), retry=False)
+            if int(reply[0]) != -2:
+                return None
+            call = call_from(self.config, text(reply[2]), text(reply[3]))
+            if check(call):
+                attempt = self.claim(1, expect=call.trajectory_id, skip=skip, closed=closed)
+                if attempt.claim is not None:
+                    self.commit(attempt.claim)
+                    return call
+                if attempt.reason == "moved":  # another replica changed the state: look again
+                    continue
+            skip.append(int(text(reply[1])))
+            if call.route:
+                closed.append(call.route)
+        return None
+
+    # --- reconciler ---------------------------------------------------------------------------
+
+    def reconcile(self, ready: Readiness, limit: int = 100) -> Reconciled:
+        """Resolve claims past their deadline: READY ones back to their queue head, others
+        dropped; every one's gate debit released. Safe to run on several replicas at once."""
+        now = self._clock() if self._clock is not None else _redis_time(self._client)
+        lapsed = self._client.zrangebyscore(f"{self.tag}:pend", "-inf", now, start=0, num=limit)
+        requeued: list[str] = []
+        dropped: list[str] = []
+        for raw in lapsed:
+            cid = text(raw)
+            packed = self._client.hget(f"{self.tag}:claims", cid)
+            if packed is None:
+                continue  # committed or declined since the range was read
+            fields = text(packed).split("|", 11)  # lost|lostc|emptied|cemptied|<7 of data>|tid
+            tid, tenant = fields[-1], self.config.tenants[int(fields[4])].name
+            op = "requeue" if ready(tenant, tid) else "reap"
+            reply = self._resolve(self._keys, (op, cid, repr(now)), retry=False)
+            if int(reply[0]) == 1:
+                (requeued if op == "requeue" else dropped).append(tid)
+        return Reconciled(tuple(requeued), tuple(dropped))
+
+    # --- figures ------------------------------------------------------------------------------
+
+    def figures(self) -> FairnessFigures:
+        """Per tenant: depth and credit (global); admitted calls, waits, window (this replica)."""
+        n = len(self.config.tenants)
+        values = self._fields([f"q:{i}" for i in range(n)] + [f"c:{i}" for i in range(n)])
+        now = self._clock() if self._clock is not None else _redis_time(self._client)
+        return self._book.snapshot(now, values[:n], values[n:])
+
+    def admitted(self) -> list[tuple[int, int]]:
+        """Per tenant, in configuration order: (calls, charge) committed by every replica."""
+        n = len(self.config.tenants)
+        values = self._fields([f"N:{i}" for i in range(n)] + [f"C:{i}" for i in range(n)])
+        return list(zip(values[:n], values[n:], strict=True))
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _fields(self, names: list[str]) -> list[int]:
+        return [int(text(v or b"0")) for v in self._client.hmget(f"{self.tag}:st", names)]
+
+    def _resolve_names(
+        self, tenant: str, service_class: str | None
+    ) -> tuple[int, int, TenantConfig]:
+        lane = self._lane_of.get(tenant)
+        if lane is None:
+            raise UnknownTenant(
+                f"tenant {tenant!r} is not configured; known: {', '.join(self._lane_of)}"
+            )
+        cfg = self.config.tenants[lane]
+        classes = self._class_of[lane]
+        klass = 0 if service_class is None else classes.get(service_class)
+        if klass is None:
+            raise SubmissionRefused(
+                f"tenant {tenant!r} has no service class {service_class!r}; "
+                f"known: {', '.join(classes)}"
+            )
+        return lane, klass, cfg
+
+    def _route(self, trajectory_id: str, route: str | None, charge: int) -> str:
+        route = check_route(trajectory_id, route)
+        if not route:
+            return route
+        if self.gates is None or not self.gates.knows(route):
+            raise SubmissionRefused(f"trajectory {trajectory_id}: no gate for route {route!r}")
+        tpm = self.gates.config.routes[route].effective()[1]
+        if 0 <= tpm < charge:
+            raise SubmissionRefused(
+                f"trajectory {trajectory_id}: its call of {charge:,} tokens can never fit "
+                f"route {route!r}'s {tpm:,} tokens per window"
+            )
+        return route
+
+    def _put(self, entries: list[tuple[Any, ...]]) -> list[ReadyCall | SubmissionRefused]:
+        """Queue validated entries in one script run; per entry the call or its refusal."""
+        if not entries:
+            return []
+        args = [self._now()]
+        for entry in entries:
+            args.extend(entry)
+        return enqueued_from(self.config, entries, self._enqueue(self._keys, args, retry=False))
+
+    def _rotation_length(self) -> int:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.llen(f"{self.tag}:new")
+        pipe.llen(f"{self.tag}:old")
+        return int(sum(pipe.execute()))
+
+
+def _claim_of(nomination: Nomination) -> Claim:
+    if not isinstance(nomination, Claim):
+        raise StaleNomination("not a claim of a Redis admitter; nominate from this admitter")
+    return nomination
+
+
+def _fingerprint(config: AdmissionConfig) -> str:
+    shape = config.model_dump_json(include={"quantum_tokens", "credit_cap_tokens", "tenants"})
+    return hashlib.sha1(shape.encode()).hexdigest()[:16]
+
+
+def _redis_time(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + micros / 1_000_000

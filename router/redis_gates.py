@@ -1,0 +1,187 @@
+"""The provider gates in Redis, shared by every router replica; and how the admitter runs Lua.
+
+Every key lives under the admitter's hash tag ``{P:adm}`` (layout in ``lua/state.lua`` and
+``lua/gates.lua``), so that the admitter's claim can debit a gate in the same script that picks
+the call: the pick and the debit are one atomic step, and two replicas never spend the same
+unit of quota. Each operation here is one ``EVALSHA`` of ``lua/gate.lua``.
+
+Time: by default the scripts read the Redis server's ``TIME``, one clock for every replica, so
+no replica's skew widens or narrows a window. Tests inject a clock; its value is then sent with
+each call instead.
+
+Lost replies: an operation whose reply is lost is retried within bounded attempts when it is
+idempotent (``renew``, ``settle``, ``release``, ``observe``, ``read``: doing it twice is doing it
+once; a ``debit`` under the same lease id is not counted twice either). The admitter's claim is
+not retried blindly: a claim that landed without its reply is reaped by the reconciler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from kernel.errors import ConfigError, StoreError, StoreUnavailable
+from router.gates import Clock, Feedback, GateConfig, GateReading, ProviderGates
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError)
+_LUA = Path(__file__).parent / "lua"
+_T = TypeVar("_T")
+
+
+def admitter_tag(prefix: str) -> str:
+    """``{P:adm}``: the one hash tag of every admitter and gate key under ``prefix``."""
+    if not prefix or any(c in prefix for c in "{} "):
+        raise ConfigError(f"REINS_KEY_PREFIX: {prefix!r} must be non-empty, without braces")
+    return f"{{{prefix}:adm}}"
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class LuaScript:
+    """A script made of library files and a main file, run by ``EVALSHA``.
+
+    On ``NOSCRIPT`` (a restarted or flushed server) it is loaded again and run once more.
+    Redis errors become :class:`StoreError`; an unreachable server, :class:`StoreUnavailable`.
+    """
+
+    def __init__(self, client: redis.Redis, *files: str, attempts: int = 4) -> None:
+        self._client = client
+        self.source = "\n".join((_LUA / name).read_text(encoding="utf-8") for name in files)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self._name = files[-1]
+        self._attempts = attempts
+        self._execute: Callable[..., Any] = client.execute_command
+
+    def __call__(self, keys: Sequence[str], args: Sequence[object], *, retry: bool) -> Any:
+        """Run it; ``retry``: the script is idempotent, so a lost reply may be retried."""
+        try:
+            return self._once(keys, args)
+        except TRANSIENT as exc:
+            if not retry:
+                raise StoreUnavailable(
+                    f"{self._name}: Redis unreachable, outcome unknown ({exc})"
+                ) from exc
+            return self._retrying(lambda: self._once(keys, args))
+        except RedisError as exc:
+            raise StoreError(f"{self._name}: {exc}") from exc
+
+    def _once(self, keys: Sequence[str], args: Sequence[object]) -> Any:
+        try:
+            return self._execute("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self._client.script_load(self.source)
+            return self._execute("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def _retrying(self, fn: Callable[[], _T]) -> _T:
+        try:
+            retrying = Retrying(
+                stop=stop_after_attempt(self._attempts - 1),
+                wait=wait_exponential_jitter(multiplier=0.005, max=0.5, jitter=0.005),
+                retry=retry_if_exception_type(TRANSIENT),
+                reraise=True,
+            )
+            return retrying(fn)
+        except TRANSIENT as exc:
+            raise StoreUnavailable(
+                f"{self._name}: Redis unreachable after {self._attempts} attempts ({exc})"
+            ) from exc
+        except RedisError as exc:
+            raise StoreError(f"{self._name}: {exc}") from exc
+
+
+def reading_from(route: str, reply: Sequence[Any]) -> GateReading:
+    """A :class:`GateReading` from gate.lua's reply."""
+    return GateReading(
+        route=route,
+        ok=int(reply[0]) == 1,
+        reason=_text(reply[1]),
+        requests=int(reply[2]),
+        tokens=int(reply[3]),
+        leases=int(reply[4]),
+        rpm=int(reply[5]),
+        tpm=int(reply[6]),
+        concurrency=int(reply[7]),
+        paused_until=float(_text(reply[8])),
+        remaining_requests=int(reply[9]),
+        remaining_tokens=int(reply[10]),
+        remaining_until=float(_text(reply[11])),
+    )
+
+
+class RedisGates(ProviderGates):
+    """The gates of :mod:`router.gates` in Redis; see the module docstring for keys and time.
+
+    :meth:`configure` writes every route's limits (the router's boot step); counters already in
+    Redis are kept, so replicas may configure concurrently and a restart loses no debit.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        config: GateConfig,
+        *,
+        prefix: str = "reins",
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self.prefix = prefix
+        self.tag = admitter_tag(prefix)
+        self._keys = (f"{self.tag}:st",)
+        self._clock = clock
+        self._script = LuaScript(client, "state.lua", "gates.lua", "gate.lua")
+
+    def configure(self) -> None:
+        """Write every route's limits (effective: after the safety share)."""
+        for route, limits in self.config.routes.items():
+            rpm, tpm, conc = limits.effective()
+            self._run("configure", route, rpm, tpm, conc, limits.window_s, limits.lease_ttl_s)
+
+    def knows(self, route: str) -> bool:
+        """True if ``route`` is configured."""
+        return route in self.config.routes
+
+    def now_arg(self) -> str:
+        """The time argument of a script: the injected clock's, or "" for Redis TIME."""
+        return "" if self._clock is None else repr(self._clock())
+
+    def debit(self, route: str, lease_id: str, tokens: int) -> GateReading:
+        return self._run("debit", route, lease_id, tokens)
+
+    def renew(self, route: str, lease_id: str) -> bool:
+        return self._run("renew", route, lease_id).ok
+
+    def settle(self, route: str, lease_id: str, used_tokens: int | None) -> GateReading:
+        return self._run("settle", route, lease_id, -1 if used_tokens is None else used_tokens)
+
+    def release(self, route: str, lease_id: str) -> GateReading:
+        return self._run("release", route, lease_id)
+
+    def observe(self, route: str, feedback: Feedback) -> GateReading:
+        retry = -1.0 if feedback.retry_after_s is None else max(feedback.retry_after_s, 0.0)
+        reset = -1.0 if feedback.reset_s is None else max(feedback.reset_s, 0.0)
+        return self._run(
+            "observe",
+            route,
+            repr(retry),
+            feedback.remaining_requests,
+            feedback.remaining_tokens,
+            repr(reset),
+        )
+
+    def reading(self, route: str) -> GateReading:
+        return self._run("read", route)
+
+    def _run(self, op: str, route: str, *args: object) -> GateReading:
+        # a debit retried after a lost reply finds its own lease held and is not counted twice
+        reply = self._script(self._keys, (op, route, self.now_arg(), *args), retry=True)
+        return reading_from(route, reply)
