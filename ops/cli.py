@@ -48,8 +48,9 @@ class _null:
 
 def _register_subcommands() -> None:
     """Attach the sub-applications; each lives in its own module."""
-    from ops import cli_run, cli_trace
+    from ops import cli_fleet, cli_run, cli_trace
 
+    cli_fleet.register(app)
     cli_run.register(app)
     cli_trace.register(app)
     from ops import cli_ring

@@ -17,6 +17,7 @@ BENCHMARKS = {
     "ring": "ops.bench.ring",
     "admitter": "ops.bench.admitter",
     "store": "ops.bench.store",
+    "fleet": "ops.bench.fleet",
 }
 
 

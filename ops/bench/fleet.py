@@ -1,0 +1,303 @@
+"""``reins bench fleet``: turns per second through the whole fleet, beside Celery doing nothing.
+
+Two router processes (the shared Redis admitter), two worker processes (thread pools), the
+real Redis on this machine; every process started and ended by PID (:mod:`ops.fleet_local`).
+Tools take no time (reads from an in-memory store); the model is scripted. In one run:
+
+* ``celery_noop_per_s``: fire-and-forget no-op tasks sent to the two workers' queues through
+  the same broker and worker settings, until both queues and the unacked set are empty;
+* ``steps_per_s``: turns per second with a zero-latency model (a turn is one model call and
+  the tool call it proposes: one Celery message, the kernel's steps, their compare-and-sets);
+  ``cpu_ratio`` = steps_per_s / celery_noop_per_s (target >= 0.4);
+* ``latency_efficiency``: with a model that takes 1 s of wall time in the worker thread and
+  200 trajectories at once, achieved turns per second over the ideal 200 / 1 s (target >= 0.8);
+* ``p99_admission_to_start_ms``: from the router's admission to the worker starting the turn,
+  in the latency phase (``..._saturated`` for the zero-latency phase, where turns queue).
+
+Rates are taken over the middle 80 % of each phase's admissions (by time), so the ramp up and
+the drain at the end do not count; ``*_overall`` figures beside them cover whole phases. The
+machine is shared and noisy, so the no-op and zero-latency phases alternate for ``ROUNDS``
+rounds and the medians are reported (``cpu_ratio`` is the median of the per-round ratios, each
+round's two rates measured back to back), with every round's figures beside them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import tempfile
+import time
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from examples.support_store import make_agent
+from examples.support_store.backend import SupportStoreBackend
+from examples.support_store.state import MemoryState
+from kernel.budget import Budget
+from kernel.settings import Settings
+from kernel.states import TERMINAL
+from ops.fleet_local import LocalFleet, process_cpu_s, wait_for
+from router.feed import Feed
+from router.service import SEND_BURST, RouterOptions, RouterService
+from router.submit import RouterApi
+from worker.agents import AgentModule
+from worker.celery_app import NOOP_TASK, BatchSender, broker_keyprefix, make_app, queue_for
+
+TENANTS = ("acme", "globex", "initech")
+ORDERS = {
+    f"ord_{n}": {"customer": "cu_ana", "total": 9000, "refunded": 0, "status": "delivered"}
+    for n in range(100, 140)
+}
+ROUNDS = 3  # noop and zero-latency phases, alternating
+BUDGET = Budget(
+    max_steps=40,
+    max_tool_calls=40,
+    max_tokens=200_000,
+    deadline_s=600,
+    max_cost=Decimal("10"),
+    max_stalls=5,
+)
+
+
+class ProbePolicy:
+    """Reads N orders one turn at a time (``get_order``), then answers: N + 1 turns.
+
+    The goal says how many (``probe 10 orders``); every turn learns new facts, so progress is
+    real and no limit ends the run early.
+    """
+
+    def __init__(self, count: int, latency: float) -> None:
+        self.count, self.latency = count, latency
+
+    def __call__(self, view: dict[str, Any], i: int) -> tuple[dict[str, Any], float]:
+        known = sum(1 for k in view["facts"] if k.endswith(".total_cents"))
+        if known < self.count:
+            args = {"order_id": f"ord_{100 + known}"}
+            return {"type": "tool", "name": "get_order", "args": args}, self.latency
+        return {"type": "final", "outcome": "completed", "text": "probed"}, self.latency
+
+
+def _policy(latency: float) -> Any:
+    def make(goal: str) -> ProbePolicy:
+        found = re.search(r"probe (\d+)", goal)
+        return ProbePolicy(int(found.group(1)) if found else 10, latency)
+
+    return make
+
+
+def _backend() -> SupportStoreBackend:
+    return SupportStoreBackend(MemoryState(ORDERS))
+
+
+_base = make_agent("fleet_bench", budget=BUDGET).profile
+fast_agent = AgentModule(profile=_base, make_backend=_backend, make_policy=_policy(0.0))
+slow_agent = AgentModule(profile=_base, make_backend=_backend, make_policy=_policy(1.0))
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Start the fleet, run the three phases, end every process, clean the keys."""
+    base = Settings.from_env(os.environ)
+    prefix = f"reins-bench-{uuid.uuid4().hex[:10]}"
+    store_client = redis.Redis.from_url(base.redis_url)
+    broker_client = redis.Redis.from_url(base.broker_url)
+    with tempfile.TemporaryDirectory(prefix="reins-bench-fleet-") as tmp:
+        tenants = Path(tmp) / "tenants.toml"
+        tenants.write_text(_tenants_toml())
+        env = {
+            "REINS_KEY_PREFIX": prefix,
+            "REINS_REDIS_URL": base.redis_url,
+            "REINS_BROKER_URL": base.broker_url,
+            "REINS_TENANTS_FILE": str(tenants),
+            "REINS_WORKER_CONCURRENCY": "192",
+            "REINS_HEARTBEAT_INTERVAL_S": "0.5",
+        }
+        fleet = LocalFleet(env, Path(tmp), store_client)
+        try:
+            for w in ("w1", "w2"):
+                fleet.start("worker", w, "--log-level", "WARNING")
+            for r in ("r1", "r2"):
+                fleet.start("router", r, "--log-level", "WARNING")
+            fleet.wait_ready(["w1", "w2"], ["r1", "r2"])
+            settings = base.model_copy(update={"key_prefix": prefix, "tenants_file": str(tenants)})
+            return _phases(settings, store_client, broker_client, fleet, quick)
+        finally:
+            fleet.close()
+            for client in {
+                id(store_client): store_client,
+                id(broker_client): broker_client,
+            }.values():
+                keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+                keys += list(client.scan_iter(match=f"{{{prefix}*", count=1000))
+                if keys:
+                    client.delete(*keys)
+
+
+def _phases(
+    settings: Settings, client: redis.Redis, broker: redis.Redis, fleet: LocalFleet, quick: bool
+) -> dict[str, Any]:
+    service = RouterService(
+        settings,
+        RouterOptions(name="bench", tenants_file=settings.tenants_file),
+        client=client,
+        sender=lambda member, payload: None,
+    )
+    api, feed = service.api(), Feed(client, settings.key_prefix)
+    rounds, noops, fast_n = (1, 600, 90) if quick else (ROUNDS, 1500, 90)
+    probes = 4 if quick else 10
+    redis_pid = int(client.info("server").get("process_id", 0)) if _local(settings) else 0
+    cpu = _Cpu(fleet, redis_pid)
+    noop_rates, step_rates, ratios, fasts = [], [], [], []
+    noop_cpu, fast_cpu = 0.0, (0.0, 0.0, 0.0)
+    for _ in range(rounds):  # side by side, alternating, so the machine's drift hits both
+        noop_rates.append(_noops(settings, broker, noops))
+        noop_cpu += cpu.lap()[1]
+        fast = _phase(api, feed, "ops.bench.fleet:fast_agent", fast_n, probes)
+        lap = cpu.lap()
+        fast_cpu = (fast_cpu[0] + lap[0], fast_cpu[1] + lap[1], fast_cpu[2] + lap[2])
+        step_rates.append(fast["rate"])
+        ratios.append(fast["rate"] / noop_rates[-1])
+        fasts.append(fast)
+    slow = _phase(api, feed, "ops.bench.fleet:slow_agent", 200, probes)
+    steps = sum(f["steps"] for f in fasts)
+    return {
+        "quick": quick,
+        "workers": 2,
+        "routers": 2,
+        "rounds": rounds,
+        "celery_noop_per_s": round(statistics.median(noop_rates), 1),
+        "celery_noop_per_s_rounds": [round(r, 1) for r in noop_rates],
+        "celery_noops": noops * rounds,
+        "steps_per_s": round(statistics.median(step_rates), 1),
+        "steps_per_s_rounds": [round(r, 1) for r in step_rates],
+        "steps": steps,
+        "cpu_ratio": round(statistics.median(ratios), 3),
+        "cpu_ratio_rounds": [round(r, 3) for r in ratios],
+        "latency_concurrent_trajectories": 200,
+        "latency_model_s": 1.0,
+        "latency_steps_per_s": round(slow["rate"], 1),
+        "latency_steps_per_s_overall": round(slow["overall"], 1),
+        "latency_efficiency": round(slow["rate"] / 200.0, 3),
+        "latency_efficiency_overall": round(slow["overall"] / 200.0, 3),
+        "p99_admission_to_start_ms": round(slow["p99_start_ms"], 2),
+        "p50_admission_to_start_ms": round(slow["p50_start_ms"], 2),
+        "p99_admission_to_start_ms_saturated": round(
+            statistics.median(f["p99_start_ms"] for f in fasts), 2
+        ),
+        "unfinished": sum(f["unfinished"] for f in fasts) + slow["unfinished"],
+        "worker_cpu_ms_per_noop": round(noop_cpu * 1000 / (noops * rounds), 3),
+        "worker_cpu_ms_per_step": round(fast_cpu[1] * 1000 / steps, 3),
+        "router_cpu_ms_per_step": round(fast_cpu[0] * 1000 / steps, 3),
+        "redis_cpu_ms_per_step": round(fast_cpu[2] * 1000 / steps, 3),
+    }
+
+
+def _local(settings: Settings) -> bool:
+    """True when the store's Redis runs on this machine (its CPU is then counted)."""
+    return any(h in settings.redis_url for h in ("127.0.0.1", "localhost"))
+
+
+class _Cpu:
+    """CPU seconds of the routers, the workers and the Redis server between laps."""
+
+    def __init__(self, fleet: LocalFleet, redis_pid: int) -> None:
+        self.fleet, self.redis_pid = fleet, redis_pid
+        self.last = self._read()
+
+    def _read(self) -> tuple[float, float, float]:
+        return (
+            self.fleet.cpu_s("r1", "r2"),
+            self.fleet.cpu_s("w1", "w2"),
+            process_cpu_s(self.redis_pid) if self.redis_pid else 0.0,
+        )
+
+    def lap(self) -> tuple[float, float, float]:
+        now = self._read()
+        out = (now[0] - self.last[0], now[1] - self.last[1], now[2] - self.last[2])
+        self.last = now
+        return out
+
+
+def _noops(settings: Settings, broker: redis.Redis, count: int) -> float:
+    app = make_app(settings)
+    kp = broker_keyprefix(settings)
+    keys = [kp + queue_for("w1"), kp + queue_for("w2")]
+
+    def empty() -> bool:
+        pipe = broker.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(key)
+        pipe.hlen(kp + "unacked")
+        return int(sum(pipe.execute())) == 0
+
+    batch = BatchSender(app)  # the routers' sender: pipelined bursts of 16
+    start = time.perf_counter()
+    for i in range(count):
+        batch.add(NOOP_TASK, "w1" if i % 2 else "w2")
+        if len(batch.pending) >= SEND_BURST:
+            batch.flush()
+    batch.flush()
+    wait_for(empty, 300, "the no-op tasks to drain", every_s=0.005)
+    return count / (time.perf_counter() - start)
+
+
+def _phase(
+    api: RouterApi, feed: Feed, agent: str, trajectories: int, probes: int
+) -> dict[str, Any]:
+    admitted_before, starts_before = len(feed.admissions()), len(feed.starts())
+    begin = time.time()
+    ids = []
+    for i in range(trajectories):
+        tenant = TENANTS[i % len(TENANTS)]
+        job = {"agent": agent, "goal": f"probe {probes} orders", "user": "cu_ana"}
+        ids.append((tenant, api.submit(tenant, job).trajectory_id))
+    store = api.store
+    wanted = {i for _, i in ids}
+
+    def ended() -> bool:  # from the state index: a poll must not load every record
+        done = set()
+        for tenant in TENANTS:
+            for state in TERMINAL:
+                done.update(store.list(tenant, state))
+        return wanted <= done
+
+    wait_for(ended, 600, f"{trajectories} trajectories of {agent} to end", every_s=0.1)
+    end = time.time()
+    time.sleep(1.2)  # two worker heartbeats: the last admission-to-start delays are reported
+    records = [store.load(t, i) for t, i in ids]
+    at = sorted(a["at"] for a in feed.admissions()[admitted_before:])
+    lo, hi = at[len(at) // 10], at[(len(at) * 9) // 10]
+    delays = sorted(feed.starts()[starts_before:])
+    return {
+        "steps": sum(r.turn for r in records),
+        "rate": (len(at) * 0.8) / max(hi - lo, 1e-9),
+        "overall": sum(r.turn for r in records) / max(end - begin, 1e-9),
+        "p99_start_ms": _quantile(delays, 0.99),
+        "p50_start_ms": _quantile(delays, 0.50),
+        "unfinished": sum(
+            1 for r in records if r.stop_reason is None or r.stop_reason.value != "done"
+        ),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
+
+
+def _tenants_toml() -> str:
+    blocks = [
+        "quantum_tokens = 4000\ncredit_cap_tokens = 40000\n",
+        *(
+            f'[[tenants]]\nname = "{name}"\nweight = {w}\nmax_ready = 100000\n'
+            "largest_call_tokens = 20000\n"
+            for name, w in zip(TENANTS, (3, 2, 1), strict=True)
+        ),
+    ]
+    return "\n".join(blocks)

@@ -1,0 +1,168 @@
+"""``reins worker``, ``reins router``, ``reins submit`` and ``reins control``: the fleet.
+
+Each process reads the one settings object from ``REINS_*`` variables (the Redis of the store,
+the broker, the key prefix, heartbeats, concurrency, drain grace); options below override
+what only that process needs. Run as ``python -m ops.cli_fleet ...`` too (tests, the bench).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import redis
+import typer
+
+from kernel.settings import Settings
+from worker.agents import AgentModule
+from worker.backend import ToolBackend
+
+LOG_LEVEL = typer.Option("INFO", "--log-level", help="level of reins's own log lines")
+
+
+def _settings(**updates: Any) -> Settings:
+    settings = Settings.from_env(os.environ)
+    changes = {k: v for k, v in updates.items() if v is not None}
+    return settings.model_copy(update=changes) if changes else settings
+
+
+def worker_cmd(
+    name: str = typer.Option(..., "--name", help="ring member name; the queue is named after it"),
+    weight: float = typer.Option(1.0, "--weight", help="ring weight"),
+    concurrency: int | None = typer.Option(None, "--concurrency", help="turns held at once"),
+    provider: str | None = typer.Option(None, "--provider", help="model provider for every agent"),
+    base_url: str | None = typer.Option(None, "--base-url", help="the provider's base URL"),
+    model_name: str | None = typer.Option(None, "--model", help="the model name to ask for"),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="variable with the key"),
+    model_latency_s: float | None = typer.Option(
+        None, "--model-latency-s", help="scripted models: seconds each call really takes"
+    ),
+    backend: str | None = typer.Option(
+        None, "--backend", help="MODULE:FACTORY building the shared tool backend"
+    ),
+    log_level: str = LOG_LEVEL,
+) -> None:
+    """Run a fleet worker: consume this member's queue until SIGTERM (then drain)."""
+    from worker.fleet import WorkerOptions, configure_logging, run_worker
+    from worker.fleet_agents import ModelOverrides, load_factory
+
+    settings = _settings(worker_concurrency=concurrency, scripted_latency_s=model_latency_s)
+    configure_logging(name, log_level)
+    overrides = ModelOverrides(
+        provider=provider,
+        base_url=base_url,
+        name=model_name,
+        api_key_env=api_key_env,
+        scripted_latency_s=settings.scripted_latency_s,
+    )
+    options = WorkerOptions(
+        name=name,
+        weight=weight,
+        overrides=overrides,
+        backend=load_factory(backend) if backend else None,
+    )
+    raise typer.Exit(run_worker(settings, options))
+
+
+def router_cmd(
+    name: str = typer.Option(..., "--name", help="this router replica's name"),
+    tenants: str | None = typer.Option(None, "--tenants", help="tenant configuration file"),
+    gates: str = typer.Option("", "--gates", help="provider gate configuration file"),
+    admitter: str = typer.Option("redis", "--admitter", help="redis (shared), drr or fifo"),
+    claim_ttl_s: float = typer.Option(30.0, "--claim-ttl-s", help="claims older are reaped"),
+    log_level: str = LOG_LEVEL,
+) -> None:
+    """Run a router: ring, ready feed and dispatch loop, until SIGTERM."""
+    from router.service import AdmitterKind, RouterOptions, RouterService
+    from worker.fleet import configure_logging
+
+    settings = _settings(tenants_file=tenants)
+    configure_logging(name, log_level)
+    options = RouterOptions(
+        name=name,
+        tenants_file=settings.tenants_file,
+        gates_file=gates,
+        admitter=AdmitterKind(admitter),
+        claim_ttl_s=claim_ttl_s,
+    )
+    raise typer.Exit(RouterService(settings, options).run())
+
+
+def _api(tenants: str | None, gates: str, admitter: str) -> Any:
+    from router.service import AdmitterKind, RouterOptions, RouterService
+
+    settings = _settings(tenants_file=tenants)
+    options = RouterOptions(
+        name="cli",
+        tenants_file=settings.tenants_file,
+        gates_file=gates,
+        admitter=AdmitterKind(admitter),
+    )
+    return RouterService(settings, options).api()
+
+
+def submit_cmd(
+    tenant: str = typer.Option(..., "--tenant", help="the tenant (this CLI is a trusted caller)"),
+    agent: str = typer.Option(..., "--agent", help="MODULE:AGENT"),
+    goal: str = typer.Option(..., "--goal", help="what the user asked for"),
+    user: str = typer.Option("cu_ana", "--user", help="the user the run acts for"),
+    budget: list[str] = typer.Option(  # noqa: B008 - typer's idiom
+        [], "--budget", help="override a budget key: --budget max_steps=3 (repeatable)"
+    ),
+    tenants: str | None = typer.Option(None, "--tenants", help="tenant configuration file"),
+    gates: str = typer.Option("", "--gates", help="provider gate configuration file"),
+    admitter: str = typer.Option("redis", "--admitter", help="the fleet's admitter kind"),
+) -> None:
+    """Submit one job to the fleet and print its trajectory id (one JSON object)."""
+    overrides = dict(pair.split("=", 1) for pair in budget if "=" in pair)
+    job = {"agent": agent, "goal": goal, "user": user, "budget": overrides}
+    done = _api(tenants, gates, admitter).submit(tenant, job)
+    out = {"tenant": done.tenant, "trajectory_id": done.trajectory_id}
+    sys.stdout.write(json.dumps(out) + "\n")
+
+
+def control_cmd(
+    tenant: str = typer.Argument(..., help="the trajectory's tenant"),
+    trajectory_id: str = typer.Argument(..., help="the trajectory"),
+    kind: str = typer.Argument(..., help="pause, resume, cancel, kill or interrupt"),
+    by: str = typer.Option("operator", "--by", help="who asks"),
+    tenants: str | None = typer.Option(None, "--tenants", help="tenant configuration file"),
+    gates: str = typer.Option("", "--gates", help="provider gate configuration file"),
+    admitter: str = typer.Option("redis", "--admitter", help="the fleet's admitter kind"),
+) -> None:
+    """Send a control request to a trajectory wherever its turn runs; print the answer."""
+    ack = _api(tenants, gates, admitter).control(tenant, trajectory_id, kind, by)
+    sys.stdout.write(json.dumps(ack, sort_keys=True) + "\n")
+
+
+def support_store_redis(agent: AgentModule, settings: Settings, client: redis.Redis) -> ToolBackend:
+    """The support store's backend on its Redis state: one service every worker shares.
+
+    ``reins worker --backend ops.cli_fleet:support_store_redis``; the state lives under
+    ``<REINS_KEY_PREFIX>:store`` and outlives any worker.
+    """
+    from examples.support_store.backend import SupportStoreBackend
+    from examples.support_store.state import RedisState
+
+    return SupportStoreBackend(RedisState(client, settings.key_prefix))
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the fleet commands to the ``reins`` CLI."""
+    app.command("worker")(worker_cmd)
+    app.command("router")(router_cmd)
+    app.command("submit")(submit_cmd)
+    app.command("control")(control_cmd)
+
+
+def main() -> None:
+    """``python -m ops.cli_fleet``: the fleet commands alone."""
+    app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+    register(app)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""The dispatch loop of a router: READY work in, one admitted turn at a time out to a worker.
+
+One admission, in order (DESIGN.md, "One turn through the fleet", steps 2-4)::
+
+    nomination = admitter.nominate()       # DRR pick; the Redis admitter claims it and debits
+                                           # its provider gate in the same script
+    record = store.load(...)               # the truth; the queue entry is only a hint
+    result = step(record, Admit(now))      # the kernel's guarded READY -> CALLING_MODEL
+    store.compare_and_set(result.record)   # register before send
+    admitter.commit(nomination)            # the charge stands, the gate lease is the turn's
+    member = ring.lookup(tenant/trajectory)
+    send TurnMessage to member's queue     # one Celery message per turn
+
+and what happens when something else is true:
+
+* the record is no longer READY, or the kernel ended the run or paused it at admission (the
+  step committed a Finish or a hold): ``withdraw`` (the claim and its debit are dropped);
+* the compare-and-set lost (a control request landed first): ``decline`` (the call stays READY
+  at its queue head with its credit; the next nomination re-reads the record);
+* no worker on the ring, or (with the in-memory admitter) no room at the gate: nothing is
+  nominated, so DRR's rotation is not churned by refusals it cannot act on, and the loop
+  waits for a notice. The Redis admitter passes a gate refusal over inside its claim.
+
+With the Redis admitter the steps are batched: one script claims up to a burst of calls (in
+DRR order, gates debited), each is admitted as above, and one script commits the batch; the
+READY notices of a cycle are requeued by one script too. Each trajectory's load and
+compare-and-set stay its own (its keys have their own hash tag).
+
+:meth:`Dispatcher.intake` folds the notices workers push at the end of each turn: a READY
+trajectory is requeued (with its next call's charge and its provider route), and the turn's
+gate lease is settled with the usage the worker saw. A notice is a hint: a duplicate is
+refused by the admitter (already queued) and a stale one is dropped at the next load.
+
+Fairness figures: each admission is recorded with whether every tenant had READY work at that
+moment (the queue depths before the pick); shares are only comparable over those admissions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel.errors import (
+    ConcurrentModification,
+    InvalidInput,
+    ReinsError,
+    SnapshotNotFound,
+    StaleNomination,
+)
+from kernel.events import Admit
+from kernel.states import LifecycleState
+from kernel.step import step
+from router.admission import AdmissionQueue
+from router.admitter import FinalizeNow
+from router.drr import Nomination, ReadyCall
+from router.feed import Feed, Notice, NoticeKind, TurnMessage, worker_commands
+from router.gates import GateConfig, GateReading, ProviderGates
+from router.ring import Ring
+from store.base import TrajectoryStore
+from worker.fleet_agents import AgentCache
+
+log = logging.getLogger("reins.router.dispatch")
+
+#: Sends a turn message to a ring member's queue: (member, payload) -> None.
+Sender = Callable[[str, dict[str, Any]], None]
+
+
+def placement_key(tenant: str, trajectory_id: str) -> str:
+    """The ring key of a trajectory (tenant-scoped, stable for its whole life)."""
+    return f"{tenant}/{trajectory_id}"
+
+
+def gate_has_room(reading: GateReading, now: float) -> bool:
+    """True when one more request fits the gate's counters as read (a hint; the debit decides)."""
+    if reading.paused_until > now:
+        return False
+    if 0 <= reading.concurrency <= reading.leases:
+        return False
+    return not 0 <= reading.rpm <= reading.requests
+
+
+@dataclass
+class Figures:
+    """What one dispatcher did, for logs and the bench."""
+
+    admitted: int = 0
+    declined: int = 0
+    withdrawn: int = 0
+    requeued: int = 0
+    settled: int = 0
+    pending_admissions: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Dispatcher:
+    """Admits READY trajectories and sends their turns; one per router, one thread.
+
+    ``admitter`` is either admitter (:mod:`router.admission`). With the in-memory one
+    (``shared=False``) the gate is debited here, after the nomination and before the
+    compare-and-set, and ``depths`` reads its queue depths; the Redis admitter (``shared``)
+    debits in its claim and reports depths with it.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        store: TrajectoryStore,
+        admitter: AdmissionQueue,
+        feed: Feed,
+        agents: AgentCache,
+        ring: Callable[[], Ring],
+        sender: Sender,
+        gates: ProviderGates | None = None,
+        gate_config: GateConfig | None = None,
+        shared: bool = False,
+        depths: Callable[[], Sequence[int]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name, self.store, self.admitter, self.feed = name, store, admitter, feed
+        self.agents, self.ring, self.sender = agents, ring, sender
+        self.gates, self.gate_config, self.shared = gates, gate_config, shared
+        self.depths = depths
+        self.clock = clock
+        self.figures = Figures()
+        self._lease_serial = 0
+        self._unsent: list[tuple[str, TurnMessage, int]] = []  # lapsed claims awaiting a debit
+
+    # --- intake --------------------------------------------------------------------------------
+
+    def intake(self, notices: Sequence[Notice]) -> None:
+        """Settle each notice's gate lease and requeue READY trajectories."""
+        ready = []
+        for n in notices:
+            if n.lease and self.gates is not None and n.lease_route:
+                used = n.used_tokens if n.used_tokens >= 0 else None
+                self.gates.settle(n.lease_route, n.lease, used)
+                self.figures.settled += 1
+            if n.kind is NoticeKind.READY:
+                ready.append(n)
+        if not ready:
+            return
+        many = getattr(self.admitter, "requeue_many", None)
+        if many is None:
+            for n in ready:
+                self.requeue(n)
+            return
+        try:
+            answers = many([self._entry(n) for n in ready])
+        except InvalidInput:  # one bad notice (unknown tenant): take them one by one
+            for n in ready:
+                self.requeue(n)
+            return
+        for n, answer in zip(ready, answers, strict=True):
+            self._requeued(n, answer)
+
+    def requeue(self, n: Notice) -> None:
+        """Queue a READY trajectory with its next call's charge; duplicates are ignored."""
+        tenant, tid, tokens, allowance, klass, route = self._entry(n)
+        try:
+            out: Any = self.admitter.requeue(
+                tenant,
+                tid,
+                input_tokens=tokens,
+                output_allowance=allowance,
+                service_class=klass,
+                route=route,
+            )
+        except InvalidInput as exc:
+            out = exc
+        self._requeued(n, out)
+
+    def _entry(self, n: Notice) -> tuple[str, str, int, int, str | None, str | None]:
+        route = self.route_for(n.route)
+        return (
+            n.tenant,
+            n.trajectory_id,
+            max(n.input_tokens, 0),
+            max(n.output_allowance, 1),
+            None,
+            route,
+        )
+
+    def _requeued(self, n: Notice, answer: Any) -> None:
+        if isinstance(answer, FinalizeNow):
+            # No kernel event finalizes a READY trajectory with a given stop; it stays READY and
+            # unqueued, and its wall-clock limit ends it (reported as a needed kernel change).
+            log.error("%s/%s can never be admitted: %s", n.tenant, n.trajectory_id, answer.why)
+        elif isinstance(answer, Exception):  # already queued, most often: a duplicate notice
+            log.debug("requeue of %s/%s refused: %s", n.tenant, n.trajectory_id, answer)
+        else:
+            self.figures.requeued += 1
+
+    def route_for(self, route: str) -> str | None:
+        """The gate route of a call through ``route``, or None when no gate governs it."""
+        if route and self.gate_config is not None and route in self.gate_config.routes:
+            return route
+        return None
+
+    # --- admission -----------------------------------------------------------------------------
+
+    def room(self) -> bool:
+        """True when some gate route (or no gate at all) could take one more request."""
+        if self.gates is None or self.gate_config is None or not self.gate_config.routes:
+            return True
+        now = self.clock()
+        return any(gate_has_room(self.gates.reading(r), now) for r in self.gate_config.routes)
+
+    def admit_some(self, limit: int) -> int:
+        """Admit up to ``limit`` calls; 0 when nothing could be admitted now (wait for news)."""
+        if self._unsent and not self._send_unsent():
+            return 0
+        ring = self.ring()
+        if not any(not m.draining for m in ring.members):
+            return 0
+        if self.shared:
+            return self._admit_claims(limit, ring)
+        admitted = 0
+        while admitted < limit and self.room():
+            nomination = self.admitter.nominate()
+            if nomination is None:
+                break
+            depths = list(self.depths()) if self.depths is not None else []
+            if not self._admit_local(nomination, depths, ring):
+                break
+            admitted += 1
+        return admitted
+
+    def _admit_claims(self, limit: int, ring: Ring) -> int:
+        """The shared admitter: claim a batch, admit each, commit the batch (3 round trips
+        beside each trajectory's own load and compare-and-set)."""
+        admitter: Any = self.admitter
+        batch = admitter.claim_many(limit, 1, depths=True)
+        ready: list[tuple[Any, str, TurnMessage, bool]] = []
+        for claim in batch.claims:
+            depths = list(claim.depths)
+            if depths:
+                depths[claim.lane] += 1  # the claimed call was READY in its queue until now
+            prepared = self._prepare(claim, claim.claim_id, ring)
+            if prepared is not None:
+                member, msg = prepared
+                ready.append((claim, member, msg, bool(depths) and all(d > 0 for d in depths)))
+        if ready:
+            waits = admitter.commit_many([claim for claim, _, _, _ in ready])
+            for (claim, member, msg, backlogged), wait in zip(ready, waits, strict=True):
+                if wait is None:  # reaped meanwhile: debit again before the request may leave
+                    self._unsent.append((member, msg, claim.call.charge))
+                    continue
+                self._send(claim.call, member, msg, backlogged)
+        return len(batch.claims)
+
+    def _admit_local(self, nom: Nomination, depths: list[int], ring: Ring) -> bool:
+        """The in-memory admitter: debit the gate here, admit, commit; False if gated."""
+        call = nom.call
+        lease = ""
+        if call.route and self.gates is not None:
+            self._lease_serial += 1
+            lease = f"{call.trajectory_id}#{self.name}#{self._lease_serial}"
+            if not self.gates.debit(call.route, lease, call.charge).ok:
+                self.admitter.decline(nom)
+                self.figures.declined += 1
+                return False
+        prepared = self._prepare(nom, lease, ring)
+        if prepared is not None:
+            self._resolve(self.admitter.commit, nom)
+            self._send(call, *prepared, bool(depths) and all(d > 0 for d in depths))
+        return True
+
+    def _prepare(self, nom: Nomination, lease: str, ring: Ring) -> tuple[str, TurnMessage] | None:
+        """Load, step Admit, compare-and-set: the turn message to send, or None (the nomination
+        was declined or withdrawn here)."""
+        call = nom.call
+        tenant, tid, route = call.tenant, call.trajectory_id, call.route
+        try:
+            rec = self.store.load(tenant, tid)
+            ctx = self.agents.context(rec.agent)
+        except (SnapshotNotFound, ReinsError) as exc:
+            log.warning("withdrew %s/%s: %s", tenant, tid, exc)
+            self._withdraw(tid, route, lease)
+            return None
+        if rec.state is not LifecycleState.READY:
+            self._withdraw(tid, route, lease)
+            return None
+        result = step(rec, Admit(now=self.clock()), ctx)
+        if result.record is rec:
+            log.info("withdrew %s/%s: %s", tenant, tid, result.note)
+            self._withdraw(tid, route, lease)
+            return None
+        try:
+            self.store.compare_and_set(result.record, rec.record_version, result.rows)
+        except ConcurrentModification:
+            self._release(route, lease)
+            self._resolve(self.admitter.decline, nom)
+            self.figures.declined += 1
+            return None
+        commands = worker_commands(result.commands)
+        if not commands:  # the kernel ended the run, or carried out a hold, at admission
+            self._withdraw(tid, route, lease)
+            return None
+        msg = TurnMessage(
+            tenant=tenant,
+            trajectory_id=tid,
+            version=result.record.record_version,
+            epoch=result.record.control_epoch,
+            commands=commands,
+            admitted_at=self.clock(),
+            sent_by=self.name,
+            lease=lease,
+            route=route,
+        )
+        return ring.lookup(placement_key(tenant, tid)), msg
+
+    def _send(self, call: ReadyCall, member: str, msg: TurnMessage, backlogged: bool) -> None:
+        self.figures.pending_admissions.append(
+            {
+                "t": call.tenant,
+                "c": call.charge,
+                "b": backlogged,
+                "r": self.name,
+                "at": msg.admitted_at,
+            }
+        )
+        self.figures.admitted += 1
+        self.sender(member, msg.to_payload())
+
+    def _send_unsent(self) -> bool:
+        """Send turns whose claim lapsed once their debit stands again; True when none waits."""
+        waiting = []
+        for member, msg, charge in self._unsent:
+            gates = self.gates
+            if gates is not None and msg.route and not gates.debit(msg.route, msg.lease, charge).ok:
+                waiting.append((member, msg, charge))
+                continue
+            self.sender(member, msg.to_payload())
+        self._unsent = waiting
+        return not waiting
+
+    def _withdraw(self, trajectory_id: str, route: str, lease: str) -> None:
+        if not self.shared:
+            self._release(route, lease)  # the Redis admitter releases a claim's debit itself
+        self.admitter.withdraw(trajectory_id)
+        self.figures.withdrawn += 1
+
+    def _release(self, route: str, lease: str) -> None:
+        if lease and route and self.gates is not None and not self.shared:
+            self.gates.release(route, lease)
+
+    @staticmethod
+    def _resolve(fn: Callable[[Nomination], Any], nom: Nomination) -> None:
+        try:
+            fn(nom)
+        except StaleNomination as exc:
+            log.warning("nomination of %s already resolved: %s", nom.call.trajectory_id, exc)
+
+    def flush(self) -> None:
+        """Write the admissions recorded since the last flush (one round trip)."""
+        pending, self.figures.pending_admissions = self.figures.pending_admissions, []
+        self.feed.record_admissions(pending)

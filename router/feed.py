@@ -1,0 +1,327 @@
+"""The wire between routers and workers: turn messages, turn-end notices and cancels.
+
+A router sends one :class:`TurnMessage` per turn through Celery to the member the ring names;
+everything else travels through Redis under the key prefix ``P`` (plain keys, one per
+operation, so the layout also fits Redis Cluster):
+
+========================  ========  ==========================================================
+``P:fleet:ready``         list      :class:`Notice` values, oldest first (RPUSH / LPOP): a
+                                    trajectory is READY (submitted, or its turn ended so), or a
+                                    turn ended otherwise (held, finished, idle)
+``P:fleet:cancel``        channel   pub/sub: model call ids to cancel at once (``CancelCall``)
+``P:fleet:admissions``    list      one JSON entry per admission, for the fairness figures
+``P:fleet:starts``        list      admission-to-start delays (ms) that workers report
+``P:fleet:admitter``      string    the lease of the router that admits, while the admitter
+                                    is local to a router process (see :mod:`router.service`)
+========================  ========  ==========================================================
+
+Contracts:
+
+* Every turn message a worker takes ends in exactly one notice (the worker pushes it even when
+  it ignores the message), so a router can release what it holds for the turn (a gate lease).
+* A notice is a hint, never the truth: a router re-reads the record before it acts on one, so
+  a duplicate or stale notice costs a load and changes nothing.
+* A cancel is best effort (pub/sub is fire and forget). Correctness never depends on it: the
+  kernel has already withdrawn the call's claim, so a reply that arrives anyway is quarantined.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, cast
+
+import redis
+
+from kernel.errors import InvalidInput
+from kernel.events import CallModel, Command, DispatchTool, LookupEffect
+from kernel.record import TrajectoryRecord
+from kernel.render import Estimator, estimate_tokens, render
+
+_COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
+    "call_model": CallModel,
+    "dispatch_tool": DispatchTool,
+    "lookup_effect": LookupEffect,
+}
+#: Commands a turn message may carry: the ones a worker carries out against the world.
+WorkerCommand = CallModel | DispatchTool | LookupEffect
+STATS_CAP = 200_000  # the most entries the admissions and starts lists keep
+
+
+class NoticeKind(StrEnum):
+    """How a turn ended, or why a trajectory is READY."""
+
+    READY = "ready"  # READY: put it in its tenant's queue
+    HELD = "held"  # AWAITING_APPROVAL: it holds no worker until a decision
+    FINISHED = "finished"  # the run ended
+    IDLE = "idle"  # the turn ended without a queue entry (paused, ignored, stale)
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One entry of the ready feed (see the module docstring)."""
+
+    kind: NoticeKind
+    tenant: str
+    trajectory_id: str
+    version: int
+    call_id: str = ""  # the model call whose turn ended ("" for a submission)
+    input_tokens: int = 0  # the next call's charge, for READY notices
+    output_allowance: int = 1
+    at: float = 0.0
+    route: str = ""  # the provider route (provider/model) of the next call, for READY
+    lease: str = ""  # the gate lease the ended turn was admitted under ("" for none)
+    lease_route: str = ""  # the gate route of that lease
+    used_tokens: int = -1  # the ended turn's model usage in tokens; -1: no evidence
+
+    def encode(self) -> bytes:
+        """The compact JSON form kept in Redis: the fields in order, as one array."""
+        fields = (
+            self.kind.value,
+            self.tenant,
+            self.trajectory_id,
+            self.version,
+            self.call_id,
+            self.input_tokens,
+            self.output_allowance,
+            self.at,
+            self.route,
+            self.lease,
+            self.lease_route,
+            self.used_tokens,
+        )
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Notice:
+        """Parse a stored notice; raise :class:`InvalidInput` for anything malformed."""
+        try:
+            kind, *rest = json.loads(raw)
+            return cls(NoticeKind(kind), *rest)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"malformed notice {raw!r}: {exc}") from None
+
+
+def ready_notice(
+    rec: TrajectoryRecord,
+    call_id: str,
+    now: float,
+    route: str = "",
+    estimator: Estimator = estimate_tokens,
+) -> Notice:
+    """The READY notice of ``rec``: its next call's charge is its view plus its output cap."""
+    return Notice(
+        NoticeKind.READY,
+        rec.tenant,
+        rec.trajectory_id,
+        rec.record_version,
+        call_id,
+        estimator(render(rec)),
+        rec.budget.max_output_tokens,
+        now,
+        route,
+    )
+
+
+def route_of(provider: str, model: str) -> str:
+    """The provider route of a model: ``provider/model``, the name its quota gate goes by."""
+    return f"{provider}/{model}"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMessage:
+    """What a router sends a worker: advance one trajectory by one turn.
+
+    ``version`` and ``epoch`` are the record's at the commit that registered the commands; a
+    worker that finds the record elsewhere ignores the message (a redelivery, or a control
+    request that came first). ``commands`` are the kernel's, as committed: usually one
+    ``CallModel``; after an approval, the ``DispatchTool`` it admitted.
+    """
+
+    tenant: str
+    trajectory_id: str
+    version: int
+    epoch: int
+    commands: tuple[WorkerCommand, ...]
+    admitted_at: float
+    sent_by: str = ""
+    lease: str = ""  # the gate lease taken at admission, handed back in the turn's notice
+    route: str = ""
+
+    @property
+    def call_id(self) -> str:
+        """The model call this turn carries out ("" when it carries none)."""
+        for cmd in self.commands:
+            if isinstance(cmd, CallModel):
+                return cmd.call_id
+        return ""
+
+    def to_payload(self) -> dict[str, Any]:
+        """The JSON-ready task argument."""
+        return {
+            "tenant": self.tenant,
+            "trajectory_id": self.trajectory_id,
+            "version": self.version,
+            "epoch": self.epoch,
+            "commands": [c.model_dump(mode="json") for c in self.commands],
+            "admitted_at": self.admitted_at,
+            "sent_by": self.sent_by,
+            "lease": self.lease,
+            "route": self.route,
+        }
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> TurnMessage:
+        """Parse a task argument; raise :class:`InvalidInput` for anything malformed."""
+        try:
+            commands = tuple(
+                _COMMANDS[c["type"]].model_validate(c) for c in payload.get("commands", ())
+            )
+            return cls(
+                tenant=str(payload["tenant"]),
+                trajectory_id=str(payload["trajectory_id"]),
+                version=int(payload["version"]),
+                epoch=int(payload["epoch"]),
+                commands=commands,
+                admitted_at=float(payload.get("admitted_at", 0.0)),
+                sent_by=str(payload.get("sent_by", "")),
+                lease=str(payload.get("lease", "")),
+                route=str(payload.get("route", "")),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise InvalidInput(f"malformed turn message: {exc}") from None
+
+
+def worker_commands(commands: Sequence[Command]) -> tuple[WorkerCommand, ...]:
+    """The commands of a step that a worker must carry out, in order."""
+    return tuple(c for c in commands if isinstance(c, CallModel | DispatchTool | LookupEffect))
+
+
+class Feed:
+    """The ready feed, the stats lists and the cancel channel of one deployment (prefix)."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.ready_key = f"{prefix}:fleet:ready"
+        self.cancel_channel = f"{prefix}:fleet:cancel"
+        self.admissions_key = f"{prefix}:fleet:admissions"
+        self.starts_key = f"{prefix}:fleet:starts"
+        self.lease_key = f"{prefix}:fleet:admitter"
+
+    # --- notices -------------------------------------------------------------------------------
+
+    def push(self, *notices: Notice) -> None:
+        """Append notices to the feed (one round trip)."""
+        if notices:
+            self.client.rpush(self.ready_key, *(n.encode() for n in notices))
+
+    def pop(self, limit: int = 256, block_s: float = 0.0) -> list[Notice]:
+        """Take up to ``limit`` notices, oldest first; wait up to ``block_s`` for the first.
+
+        Each notice goes to exactly one caller. A malformed entry is dropped (it is not a
+        notice any router wrote) and reported by :class:`InvalidInput` after the rest.
+        """
+        raw = cast(list[bytes] | None, self.client.lpop(self.ready_key, limit))
+        if not raw and block_s > 0:
+            got = cast(Any, self.client.blpop([self.ready_key], timeout=block_s))
+            raw = [got[1]] if got else []
+        out: list[Notice] = []
+        for item in raw or ():
+            out.append(Notice.decode(item))
+        return out
+
+    def depth(self) -> int:
+        """How many notices wait."""
+        waiting: Any = self.client.llen(self.ready_key)
+        return int(waiting)
+
+    # --- cancels -------------------------------------------------------------------------------
+
+    def publish_cancel(self, tenant: str, trajectory_id: str, call_id: str) -> int:
+        """Ask every worker to cancel ``call_id`` now; returns how many listeners heard it."""
+        body = json.dumps({"tenant": tenant, "trajectory_id": trajectory_id, "call_id": call_id})
+        heard: Any = self.client.publish(self.cancel_channel, body)
+        return int(heard)
+
+    # --- figures -------------------------------------------------------------------------------
+
+    def record_admissions(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Append admission entries (tenant, charge, whether every tenant had READY work)."""
+        if entries:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.rpush(self.admissions_key, *(json.dumps(e) for e in entries))
+            pipe.ltrim(self.admissions_key, -STATS_CAP, -1)
+            pipe.execute()
+
+    def admissions(self) -> list[dict[str, Any]]:
+        """Every recorded admission entry, oldest first."""
+        raw = cast(list[bytes], self.client.lrange(self.admissions_key, 0, -1))
+        return [json.loads(r) for r in raw]
+
+    def record_starts(self, delays_ms: Sequence[float]) -> None:
+        """Append admission-to-start delays reported by a worker."""
+        if delays_ms:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.rpush(self.starts_key, *(f"{d:.3f}" for d in delays_ms))
+            pipe.ltrim(self.starts_key, -STATS_CAP, -1)
+            pipe.execute()
+
+    def starts(self) -> list[float]:
+        """Every reported admission-to-start delay in ms."""
+        return [float(r) for r in cast(list[bytes], self.client.lrange(self.starts_key, 0, -1))]
+
+
+@dataclass
+class CancelListener:
+    """A worker's subscription to the cancel channel, on its own connection and thread.
+
+    ``on_cancel(call_id)`` runs in the listener thread for every cancel heard. Call ids heard
+    in the last ``remember_s`` seconds are kept, so a call whose token opens just after its
+    cancel went by is still canceled (:meth:`recently_canceled`).
+    """
+
+    feed: Feed
+    on_cancel: Callable[[str], None]
+    remember_s: float = 120.0
+    _recent: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: Any = None
+    _pubsub: Any = None
+
+    def start(self) -> None:
+        """Subscribe and start the listener thread."""
+        self._pubsub = self.feed.client.pubsub(  # type: ignore[no-untyped-call]
+            ignore_subscribe_messages=True
+        )
+        self._pubsub.subscribe(**{self.feed.cancel_channel: self._heard})
+        self._thread = self._pubsub.run_in_thread(sleep_time=0.5, daemon=True)
+
+    def stop(self) -> None:
+        """Stop listening and close the connection."""
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread.join(timeout=5)
+        if self._pubsub is not None:
+            self._pubsub.close()
+
+    def recently_canceled(self, call_id: str) -> bool:
+        """True if a cancel for ``call_id`` was heard in the last ``remember_s`` seconds."""
+        with self._lock:
+            return call_id in self._recent
+
+    def _heard(self, message: dict[str, Any]) -> None:
+        try:
+            call_id = str(json.loads(message["data"])["call_id"])
+        except (ValueError, KeyError, TypeError):
+            return  # not a cancel this code wrote; nothing to do
+        now = time.monotonic()
+        with self._lock:
+            self._recent[call_id] = now
+            if len(self._recent) > 10_000:
+                cutoff = now - self.remember_s
+                self._recent = {k: t for k, t in self._recent.items() if t >= cutoff}
+        self.on_cancel(call_id)

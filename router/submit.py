@@ -1,0 +1,324 @@
+"""What a router offers its callers: submit a job, request control, decide an approval.
+
+The HTTP API and its credentials come later; for now these are functions of the router that a
+trusted caller (the API layer, the CLI, a test) calls with the tenant it authenticated. The
+tenant is an argument, never a field of the job: a job body that names one is refused.
+
+Contracts:
+
+* **Bad input changes nothing.** :meth:`RouterApi.submit` validates everything it can before it
+  writes (the job's shape, the tenant, the agent, the budget against the tenant's maxima, the
+  first call against the tenant's largest call, the tenant's READY backlog) and refuses with a
+  :class:`~kernel.errors.InvalidInput` naming the problem. A control request or a decision the
+  kernel refuses raises its error and leaves the record as it was.
+* **A new job** is one record at version 1 in READY, created by compare-and-set from nothing,
+  then put in its tenant's queue (the shared admitter's, or the ready feed for a router whose
+  admitter is its own).
+* **Events reach the kernel wherever the turn runs.** :meth:`RouterApi.deliver` steps the event
+  on the stored record and commits it by compare-and-set, reloading and stepping again when a
+  worker's commit landed first, then carries out what the step asked: a ``CancelCall`` is
+  published on the cancel channel so the worker holding the stream stops it at once; an
+  ``Enqueue`` requeues; a tool dispatch an approval admitted is sent to the ring's member as a
+  turn message, registered before it is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kernel.errors import (
+    ConcurrentModification,
+    InvalidInput,
+    SnapshotExists,
+    StoreError,
+    SubmissionRefused,
+    UnknownTenant,
+)
+from kernel.events import (
+    ApprovalDecided,
+    CancelCall,
+    ControlRequested,
+    Enqueue,
+    Event,
+    Finish,
+    HoldForApproval,
+    Recover,
+)
+from kernel.record import ControlKind, TrajectoryRecord
+from kernel.render import estimate_tokens, render
+from kernel.states import LifecycleState
+from kernel.step import StepResult, step
+from router.admission import AdmissionQueue
+from router.admitter import Admitter
+from router.dispatch import Sender, placement_key
+from router.feed import Feed, TurnMessage, ready_notice, route_of, worker_commands
+from router.gates import GateConfig
+from router.ring import Ring
+from router.tenants import AdmissionConfig
+from store.base import TrajectoryStore
+from worker.fleet_agents import AgentCache
+
+log = logging.getLogger("reins.router.api")
+MAX_ATTEMPTS = 16  # commits lost in a row before a delivery gives up
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class JobSpec(BaseModel):
+    """The body of a submission: what to run and for whom, never which tenant."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    agent: str = Field(min_length=3, max_length=300, description="MODULE:AGENT")
+    goal: str = Field(min_length=1, max_length=20_000)
+    user: str = Field(min_length=1, max_length=200, description="the end user the run acts for")
+    budget: dict[str, str | int | float] = Field(default_factory=dict, description="overrides")
+    trajectory_id: str | None = Field(None, pattern=_ID)
+    service_class: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A job accepted: its trajectory, at version 1 in READY and queued."""
+
+    tenant: str
+    trajectory_id: str
+    version: int
+    input_tokens: int
+    output_allowance: int
+    route: str
+
+
+class RouterApi:
+    """Submission, control and approvals for one deployment (see the module docstring).
+
+    ``admitter``: the shared (Redis) admitter, when the fleet has one; otherwise READY work
+    goes through the feed to the router that admits. ``sender`` and ``ring`` are needed only
+    to send the tool dispatch an approval admits.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: TrajectoryStore,
+        feed: Feed,
+        config: AdmissionConfig,
+        agents: AgentCache | None = None,
+        gate_config: GateConfig | None = None,
+        admitter: AdmissionQueue | None = None,
+        sender: Sender | None = None,
+        ring: Callable[[], Ring] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store, self.feed, self.config = store, feed, config
+        self.agents = agents or AgentCache()
+        self.gate_config, self.admitter = gate_config, admitter
+        self.sender, self.ring, self.clock = sender, ring, clock
+
+    # --- submission ----------------------------------------------------------------------------
+
+    def submit(self, tenant: str, body: JobSpec | Mapping[str, Any]) -> Submitted:
+        """Create and queue a trajectory for ``tenant`` (trusted), or refuse changing nothing."""
+        cfg = self.config.tenant(tenant)
+        if cfg is None:
+            known = ", ".join(t.name for t in self.config.tenants)
+            raise UnknownTenant(f"tenant {tenant!r} is not configured; known: {known}")
+        job = self._job(body)
+        agent, _ = self.agents.get(job.agent)
+        budget = agent.profile.budget.with_overrides(f"{k}={v}" for k, v in job.budget.items())
+        now = self.clock()
+        rec = TrajectoryRecord.create(
+            trajectory_id=job.trajectory_id or f"traj-{uuid.uuid4().hex[:16]}",
+            tenant=tenant,
+            user=job.user,
+            goal=job.goal,
+            agent=job.agent,
+            budget=budget,
+            now=now,
+        )
+        route = self._route(route_of(agent.profile.model.provider, agent.profile.model.name))
+        tokens, allowance = estimate_tokens(render(rec)), budget.max_output_tokens
+        # The admitter's own edge checks (tenant, class, call size, budget maxima, route), on a
+        # scratch admitter so nothing is queued yet; then the backlog, read from the store.
+        Admitter(self.config, self.clock).submit(
+            tenant,
+            rec.trajectory_id,
+            input_tokens=tokens,
+            output_allowance=allowance,
+            service_class=job.service_class,
+            budget=budget,
+            route=route,
+        )
+        backlog = len(self.store.list(tenant, LifecycleState.READY))
+        if backlog >= cfg.max_ready:
+            raise SubmissionRefused(
+                f"tenant {tenant!r} already has {backlog:,} READY trajectories "
+                f"(max_ready {cfg.max_ready:,}); retry later"
+            )
+        try:
+            self.store.create(rec)
+        except SnapshotExists:
+            raise SubmissionRefused(
+                f"trajectory {rec.trajectory_id} already exists in tenant {tenant!r}"
+            ) from None
+        self._queue(rec, route, job.service_class)
+        return Submitted(
+            tenant, rec.trajectory_id, rec.record_version, tokens, allowance, route or ""
+        )
+
+    @staticmethod
+    def _job(body: JobSpec | Mapping[str, Any]) -> JobSpec:
+        if isinstance(body, JobSpec):
+            return body
+        if "tenant" in body:
+            raise SubmissionRefused(
+                "a job must not name its tenant: the tenant comes from the caller's credential"
+            )
+        try:
+            return JobSpec.model_validate(dict(body))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "job"
+            raise SubmissionRefused(f"job refused: {where}: {first['msg']}") from None
+
+    def _route(self, route: str) -> str | None:
+        cfg = self.gate_config
+        return route if cfg is not None and route in cfg.routes else None
+
+    def _queue(self, rec: TrajectoryRecord, route: str | None, service_class: str | None) -> None:
+        """Put a READY record in its tenant's queue (the shared admitter, or the feed)."""
+        if self.admitter is None:
+            self.feed.push(ready_notice(rec, "", self.clock(), route or ""))
+            return
+        tokens, allowance = estimate_tokens(render(rec)), rec.budget.max_output_tokens
+        try:
+            self.admitter.requeue(
+                rec.tenant,
+                rec.trajectory_id,
+                input_tokens=tokens,
+                output_allowance=allowance,
+                service_class=service_class,
+                route=route,
+            )
+        except SubmissionRefused as exc:  # already queued: nothing to do
+            log.debug("%s: %s", rec.trajectory_id, exc)
+
+    # --- events from outside -------------------------------------------------------------------
+
+    def control(
+        self,
+        tenant: str,
+        trajectory_id: str,
+        kind: ControlKind | str,
+        requested_by: str,
+        *,
+        instructions: str | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Pause, resume, cancel, kill or interrupt; returns the kernel's acknowledgement."""
+        try:
+            control = ControlKind(kind)
+        except ValueError:
+            known = ", ".join(k.value for k in ControlKind)
+            raise InvalidInput(f"unknown control {kind!r}; known: {known}") from None
+        event = ControlRequested(
+            now=self.clock(),
+            kind=control,
+            request_id=request_id or f"ctl-{uuid.uuid4().hex[:12]}",
+            requested_by=requested_by,
+            instructions=instructions,
+        )
+        result = self.deliver(tenant, trajectory_id, event)
+        return dict(result.ack or {"received": True, "note": result.note})
+
+    def decide(
+        self,
+        tenant: str,
+        trajectory_id: str,
+        *,
+        approval_id: str,
+        held_version: int,
+        digest: str,
+        reviewer: str,
+        approve: bool,
+    ) -> StepResult:
+        """A reviewer's decision on a held proposal; it must name id, version and digest."""
+        event = ApprovalDecided(
+            now=self.clock(),
+            approval_id=approval_id,
+            held_version=held_version,
+            digest=digest,
+            reviewer=reviewer,
+            approve=approve,
+        )
+        return self.deliver(tenant, trajectory_id, event)
+
+    def deliver(self, tenant: str, trajectory_id: str, event: Event) -> StepResult:
+        """Step ``event`` on the stored record, commit it, and carry out what it asks.
+
+        Bad input raises (the kernel's refusal, or :class:`SnapshotNotFound` for a trajectory
+        the tenant does not hold) and changes nothing.
+        """
+        for _ in range(MAX_ATTEMPTS):
+            rec = self.store.load(tenant, trajectory_id)
+            result = step(rec, event, self.agents.context(rec.agent))
+            if result.record is rec:
+                return result
+            try:
+                self.store.compare_and_set(result.record, rec.record_version, result.rows)
+            except ConcurrentModification:
+                continue
+            self._carry_out(result)
+            return result
+        raise StoreError(f"{trajectory_id}: {MAX_ATTEMPTS} commits lost in a row; try again")
+
+    def recover(self, tenant: str, trajectory_id: str, version: int, by: str = "router") -> bool:
+        """Deliver ``Recover`` to a turn stranded at ``version``; False if it moved on (a lost
+        race, or the record is not at that version any more): then nothing changed."""
+        rec = self.store.load(tenant, trajectory_id)
+        if rec.record_version != version:
+            return False
+        result = step(rec, Recover(now=self.clock(), worker=by), self.agents.context(rec.agent))
+        if result.record is rec:
+            return False
+        try:
+            self.store.compare_and_set(result.record, version, result.rows)
+        except ConcurrentModification:
+            return False
+        self._carry_out(result)
+        return True
+
+    def _carry_out(self, result: StepResult) -> None:
+        rec, now = result.record, self.clock()
+        for cmd in result.commands:
+            if isinstance(cmd, CancelCall):
+                heard = self.feed.publish_cancel(rec.tenant, rec.trajectory_id, cmd.call_id)
+                log.info("cancel of %s published to %d listeners", cmd.call_id, heard)
+            elif isinstance(cmd, Enqueue):
+                agent = self.agents.get(rec.agent)[0]
+                model = agent.profile.model
+                self._queue(rec, self._route(route_of(model.provider, model.name)), None)
+            elif isinstance(cmd, HoldForApproval | Finish):
+                log.info("%s: %s", rec.trajectory_id, cmd.type)
+        if rec.state is not LifecycleState.READY and self.admitter is not None:
+            self.admitter.withdraw(rec.trajectory_id)  # a stale queue entry, if any
+        tools = worker_commands(result.commands)
+        if tools:
+            if self.sender is None or self.ring is None:
+                raise InvalidInput("this router API cannot send turns (no sender or ring)")
+            member = self.ring().lookup(placement_key(rec.tenant, rec.trajectory_id))
+            msg = TurnMessage(
+                tenant=rec.tenant,
+                trajectory_id=rec.trajectory_id,
+                version=rec.record_version,
+                epoch=rec.control_epoch,
+                commands=tools,
+                admitted_at=now,
+            )
+            self.sender(member, msg.to_payload())

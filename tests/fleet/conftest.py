@@ -1,0 +1,85 @@
+"""Fixtures of the fleet tests: tenant and gate files, an in-process fleet, real processes.
+
+Every key a test creates starts with its ``key_prefix``; the broker runs under the same prefix
+and database as the store, so the shared cleanup removes Celery's keys too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from ops.fleet_local import LocalFleet
+from tests.conftest import REDIS_URL
+from tests.fleet.harness import InProcessFleet
+
+WEIGHTS = {"acme": 3, "globex": 2, "initech": 1}
+ROUTE = "scripted/refund-policy"
+
+
+def tenants_toml(max_steps: int = 40) -> str:
+    """Three tenants, weights 3:2:1, a small quantum so shares settle within a few rounds."""
+    parts = ["quantum_tokens = 1000\ncredit_cap_tokens = 12000\n"]
+    for name, weight in WEIGHTS.items():
+        parts.append(
+            f'[[tenants]]\nname = "{name}"\nweight = {weight}\nmax_ready = 1000\n'
+            f"largest_call_tokens = 8000\nbudget_max = {{ steps = {max_steps} }}\n"
+        )
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def tenants_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tenants.toml"
+    path.write_text(tenants_toml())
+    return path
+
+
+@pytest.fixture
+def gates_file(tmp_path: Path) -> Path:
+    """One provider gate, concurrency 6: the bottleneck of the fairness runs."""
+    path = tmp_path / "gates.json"
+    path.write_text(json.dumps({"routes": {ROUTE: {"concurrency": 6, "lease_ttl_s": 20}}}))
+    return path
+
+
+@pytest.fixture
+def fleet_env(key_prefix: str, tenants_file: Path) -> dict[str, str]:
+    """The settings of fleet subprocesses: this test's prefix, loopback Redis, fast heartbeats."""
+    return {
+        "REINS_KEY_PREFIX": key_prefix,
+        "REINS_REDIS_URL": REDIS_URL,
+        "REINS_BROKER_URL": REDIS_URL,  # same database: the prefix cleanup covers Celery's keys
+        "REINS_TENANTS_FILE": str(tenants_file),
+        "REINS_HEARTBEAT_INTERVAL_S": "0.25",
+        "REINS_HEARTBEAT_TIMEOUT_S": "3",
+        "REINS_SCRIPTED_LATENCY_S": "0",
+        "REINS_WORKER_CONCURRENCY": "32",
+        "REINS_DRAIN_GRACE_S": "10",
+        "REINS_VISIBILITY_TIMEOUT_S": "4",
+    }
+
+
+@pytest.fixture
+def local_fleet(
+    fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> Iterator[LocalFleet]:
+    """Worker and router processes this test starts; every one is ended at teardown."""
+    fleet = LocalFleet(fleet_env, tmp_path, redis_client)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@pytest.fixture
+def inproc(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path
+) -> Iterator[InProcessFleet]:
+    """A router and a turn runner in this process, on the real Redis, without Celery."""
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file)
+    yield fleet

@@ -1,0 +1,123 @@
+"""An in-process fleet for fast tests: a router service and a turn runner, without Celery.
+
+The router's sender only collects turn messages; :meth:`InProcessFleet.run_until_quiet` hands
+them to the turn runner in this thread, so every path of the dispatch loop and of a turn runs
+against the real Redis (store, admitter, feed) with nothing asynchronous left to wait for.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from examples.support_store.backend import SupportStoreBackend
+from examples.support_store.state import RedisState
+from kernel.record import TrajectoryRecord
+from kernel.settings import Settings
+from router.feed import TurnMessage
+from router.membership import Membership
+from router.service import AdmitterKind, RouterOptions, RouterService
+from tests.conftest import REDIS_URL
+from worker.agents import AgentModule
+from worker.backend import ToolBackend
+from worker.fleet_agents import AgentCache, ModelOverrides, TurnTools
+from worker.turn import TurnReport, TurnRunner
+
+AGENT = "examples.support_store:agent_lookup"
+ORDER_TOTAL = 4200
+
+
+def seed_orders(
+    client: redis.Redis, prefix: str, first: int, count: int, total: int = ORDER_TOTAL
+) -> list[str]:
+    """Orders ``ord_<first>`` ... of customer cu_ana in the shared support-store state."""
+    ids = [f"ord_{n}" for n in range(first, first + count)]
+    order = {"customer": "cu_ana", "total": total, "refunded": 0, "status": "delivered"}
+    pipe = client.pipeline(transaction=False)
+    for oid in ids:
+        pipe.set(f"{prefix}:store:order:{oid}", json.dumps(order))
+    pipe.execute()
+    return ids
+
+
+def refund_job(order_id: str, agent: str = AGENT) -> dict[str, Any]:
+    """The job body of one refund (the tenant is not in it)."""
+    return {
+        "agent": agent,
+        "goal": f"refund the damaged item on order {order_id}",
+        "user": "cu_ana",
+    }
+
+
+class InProcessFleet:
+    """A router and one worker's turn runner in this process (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        tenants_file: Path,
+        *,
+        admitter: str = "redis",
+        gates_file: str = "",
+    ) -> None:
+        self.client, self.prefix = client, prefix
+        self.settings = Settings.from_env(
+            {
+                "REINS_KEY_PREFIX": prefix,
+                "REINS_REDIS_URL": REDIS_URL,
+                "REINS_TENANTS_FILE": str(tenants_file),
+            }
+        )
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        options = RouterOptions(
+            name="r1",
+            tenants_file=str(tenants_file),
+            gates_file=gates_file,
+            admitter=AdmitterKind(admitter),
+        )
+        self.service = RouterService(
+            self.settings, options, client=client, sender=lambda m, p: self.sent.append((m, p))
+        )
+        Membership(client, prefix).register("w1")
+        self.service.tick()
+        self.store = self.service.store
+        self.feed = self.service.feed
+        self.api = self.service.api()
+        self.state = RedisState(client, prefix, seed=False)
+        self.backend = SupportStoreBackend(self.state)
+        tools = TurnTools(AgentCache(), {}, ModelOverrides(scripted_latency_s=0.0), self._backend)
+        self.runner = TurnRunner(store=self.store, tools=tools, feed=self.feed, worker="w1")
+        self.reports: list[TurnReport] = []
+
+    def _backend(self, agent: AgentModule, ref: str) -> ToolBackend:
+        return self.backend
+
+    def cycle(self) -> bool:
+        """One router cycle (intake and admission); True if it did anything."""
+        return self.service.cycle()
+
+    def take(self) -> list[TurnMessage]:
+        """The turn messages the router sent since the last call."""
+        out = [TurnMessage.from_payload(p) for _, p in self.sent]
+        self.sent.clear()
+        return out
+
+    def run_until_quiet(self, limit: int = 100_000) -> int:
+        """Admit and run turns until nothing is left to do; returns the turns run."""
+        turns = 0
+        while turns < limit:
+            busy = self.cycle()
+            messages = self.take()
+            for msg in messages:
+                self.reports.append(self.runner.run(msg))
+                turns += 1
+            if not busy and not messages:
+                return turns
+        raise AssertionError(f"not quiet after {limit} turns")
+
+    def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord:
+        return self.store.load(tenant, trajectory_id)

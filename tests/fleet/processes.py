@@ -1,0 +1,140 @@
+"""Running the fleet's real processes from a test: start, submit, wait, measure, stop.
+
+The test process plays the router's trusted caller (the HTTP API of a later issue): it submits
+and sends control requests through :class:`router.submit.RouterApi`, on the same Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from kernel.record import TrajectoryRecord
+from kernel.settings import Settings
+from kernel.states import TERMINAL
+from ops.fleet_local import LocalFleet, wait_for
+from router.feed import Feed
+from router.service import AdmitterKind, RouterOptions, RouterService
+from router.submit import RouterApi
+from store.redis_store import RedisStore
+from tests.fleet.conftest import WEIGHTS
+
+BACKEND = "ops.cli_fleet:support_store_redis"
+
+
+def start(
+    fleet: LocalFleet,
+    *,
+    admitter: str = "redis",
+    gates: Path | None = None,
+    workers: Iterable[str] = ("w1", "w2"),
+    routers: Iterable[str] = ("r1", "r2"),
+    worker_args: Iterable[str] = (),
+    env: dict[str, str] | None = None,
+) -> None:
+    """Start workers and routers and wait until every router's ring holds every worker."""
+    workers, routers = list(workers), list(routers)
+    for w in workers:
+        fleet.start("worker", w, "--backend", BACKEND, *worker_args, env=env)
+    for r in routers:
+        args = ["--admitter", admitter] + (["--gates", str(gates)] if gates else [])
+        fleet.start("router", r, *args, env=env)
+    fleet.wait_ready(workers, routers)
+
+
+def caller_api(
+    fleet_env: dict[str, str], client: redis.Redis, admitter: str, gates: Path | None
+) -> RouterApi:
+    """The router functions, as the trusted caller in this process uses them."""
+    settings = Settings.from_env(fleet_env)
+    options = RouterOptions(
+        name="test-caller",
+        tenants_file=settings.tenants_file,
+        gates_file=str(gates) if gates else "",
+        admitter=AdmitterKind(admitter),
+    )
+    return RouterService(settings, options, client=client).api()
+
+
+def wait_all_ended(
+    store: RedisStore, ids: list[tuple[str, str]], timeout_s: float, fleet: LocalFleet
+) -> None:
+    """Poll the state index (not every record) until each trajectory is terminal."""
+    wanted = {tid for _, tid in ids}
+
+    def ended() -> bool:
+        fleet._check_alive()
+        done: set[str] = set()
+        for tenant in WEIGHTS:
+            for state in TERMINAL:
+                done.update(store.list(tenant, state))
+        return wanted <= done
+
+    try:
+        wait_for(ended, timeout_s, f"{len(ids)} trajectories to end", every_s=0.2)
+    except TimeoutError as exc:
+        stuck = []
+        for tenant, tid in ids:
+            rec = store.load(tenant, tid)
+            if rec.state not in TERMINAL:
+                stuck.append(f"{tid} {rec.state.value} v{rec.record_version} turn {rec.turn}")
+        raise TimeoutError(f"{exc}; {len(stuck)} not ended: {stuck[:20]}") from None
+
+
+def shares(feed: Feed) -> tuple[dict[str, float], int, Counter[str]]:
+    """Each tenant's share of the charge admitted while every tenant had READY work; how many
+    such admissions; and which routers admitted."""
+    charge: dict[str, int] = defaultdict(int)
+    counted = 0
+    routers: Counter[str] = Counter()
+    for entry in feed.admissions():
+        routers[entry["r"]] += 1
+        if entry["b"]:
+            charge[entry["t"]] += entry["c"]
+            counted += 1
+    total = sum(charge.values()) or 1
+    return {t: charge[t] / total for t in WEIGHTS}, counted, routers
+
+
+def weight_shares() -> dict[str, float]:
+    total = sum(WEIGHTS.values())
+    return {t: w / total for t, w in WEIGHTS.items()}
+
+
+def largest_gap_pp(measured: dict[str, float]) -> float:
+    """The largest gap, in percentage points, between a tenant's share and its weight share."""
+    target = weight_shares()
+    return max(abs(measured[t] - target[t]) * 100 for t in WEIGHTS)
+
+
+def effects_by_order(effects: list[list[Any]]) -> dict[str, Counter[str]]:
+    out: dict[str, Counter[str]] = defaultdict(Counter)
+    for effect in effects:
+        out[str(effect[1])][str(effect[0])] += 1
+    return out
+
+
+def order_of(rec: TrajectoryRecord) -> str:
+    return rec.goal.rsplit(" ", 1)[-1]
+
+
+def stop_all(fleet: LocalFleet) -> dict[str, int]:
+    """SIGTERM every process still running; their exit codes (routers first)."""
+    codes = {}
+    for name in sorted(fleet.procs, key=lambda n: (not n.startswith("r"), n)):
+        if fleet.procs[name].poll() is None:
+            codes[name] = fleet.stop(name)
+    return codes
+
+
+def wait_admissions(feed: Feed, at_least: int, timeout_s: float) -> None:
+    wait_for(lambda: len(feed.admissions()) >= at_least, timeout_s, f"{at_least} admissions")
+
+
+def now() -> float:
+    return time.monotonic()

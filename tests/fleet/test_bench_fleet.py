@@ -1,0 +1,35 @@
+"""Smoke test of ``reins bench fleet --quick``: real processes, every figure there and sane.
+
+Timings are never asserted: only that each figure is a positive number, every trajectory
+ended ``done``, and the processes it started are gone and their keys cleaned.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import redis
+
+from ops import bench as benchmarks
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+FIGURES = (
+    "steps_per_s",
+    "celery_noop_per_s",
+    "cpu_ratio",
+    "latency_efficiency",
+    "p99_admission_to_start_ms",
+    "worker_cpu_ms_per_step",
+    "router_cpu_ms_per_step",
+)
+
+
+def test_quick_run_reports_every_figure(redis_client: redis.Redis) -> None:
+    result = benchmarks.load("fleet")(quick=True)
+    for name in FIGURES:
+        value = result[name]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (name, value)
+    assert result["unfinished"] == 0 and result["workers"] == 2 and result["routers"] == 2
+    assert result["latency_concurrent_trajectories"] == 200
+    assert not list(redis_client.scan_iter(match="reins-bench-*", count=1000)), "keys cleaned"

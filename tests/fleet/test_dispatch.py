@@ -1,0 +1,111 @@
+"""The dispatch loop's decisions: gates, lost races, runs ended or paused at admission, FIFO."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from kernel.errors import StaleNomination
+from kernel.states import LifecycleState, StopReason
+from router.fifo import FifoAdmitter
+from router.tenants import AdmissionConfig
+from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
+
+pytestmark = pytest.mark.redis
+S = LifecycleState
+
+
+@pytest.mark.parametrize("admitter", ["redis", "drr", "fifo"])
+def test_the_provider_gate_bounds_the_turns_in_flight(
+    admitter: str,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    tenants_file: Path,
+    gates_file: Path,
+) -> None:
+    fleet = InProcessFleet(
+        redis_client, key_prefix, tenants_file, admitter=admitter, gates_file=str(gates_file)
+    )
+    orders = seed_orders(redis_client, key_prefix, 100, 10)
+    for i, oid in enumerate(orders):
+        fleet.api.submit(("acme", "globex", "initech")[i % 3], refund_job(oid))
+    fleet.cycle()
+    first = fleet.take()
+    assert len(first) == 6, "the gate's concurrency is 6"
+    fleet.cycle()
+    assert fleet.take() == [], "nothing more until a turn ends"
+    fleet.runner.run(first[0])  # its notice settles the lease
+    fleet.cycle()
+    assert len(fleet.take()) == 1
+    assert all(m.lease for m in first), "each turn carries its gate lease back"
+
+
+def test_a_run_that_cannot_continue_ends_at_admission_and_nothing_is_sent(
+    inproc: InProcessFleet,
+) -> None:
+    oid = seed_orders(inproc.client, inproc.prefix, 200, 1)[0]
+    tid = inproc.api.submit("acme", {**refund_job(oid), "budget": {"max_steps": 0}}).trajectory_id
+    inproc.cycle()
+    assert inproc.take() == []
+    rec = inproc.load("acme", tid)
+    assert rec.state is S.FAILED and rec.stop_reason is StopReason.MAX_STEPS
+    assert not inproc.service.dispatcher.admitter.is_queued(tid)
+
+
+def test_a_trajectory_paused_while_queued_is_withdrawn_and_resumes(
+    inproc: InProcessFleet,
+) -> None:
+    oid = seed_orders(inproc.client, inproc.prefix, 300, 1)[0]
+    tid = inproc.api.submit("globex", refund_job(oid)).trajectory_id
+    ack = inproc.api.control("globex", tid, "pause", "ops")
+    assert ack["admission_stopped"] and ack["state"] == "PAUSED"
+    inproc.cycle()
+    assert inproc.take() == [] and not inproc.service.dispatcher.admitter.is_queued(tid)
+    inproc.api.control("globex", tid, "resume", "ops")
+    inproc.run_until_quiet()
+    assert inproc.load("globex", tid).stop_reason is StopReason.DONE
+
+
+def test_a_lost_race_at_admission_declines_and_the_pause_wins(
+    inproc: InProcessFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    oid = seed_orders(inproc.client, inproc.prefix, 400, 1)[0]
+    tid = inproc.api.submit("initech", refund_job(oid)).trajectory_id
+    store = inproc.service.dispatcher.store
+    real_load = store.load
+
+    def load_then_pause(tenant: str, trajectory_id: str):  # type: ignore[no-untyped-def]
+        rec = real_load(tenant, trajectory_id)
+        monkeypatch.setattr(store, "load", real_load)
+        inproc.api.control(tenant, trajectory_id, "pause", "ops")  # lands before the CAS
+        return rec
+
+    monkeypatch.setattr(store, "load", load_then_pause)
+    inproc.cycle()
+    assert inproc.take() == []
+    assert inproc.service.dispatcher.figures.declined == 1
+    rec = inproc.load("initech", tid)
+    assert rec.state is S.PAUSED and rec.turn == 0, "the admission never happened"
+    inproc.cycle()
+    assert inproc.take() == [] and not inproc.service.dispatcher.admitter.is_queued(tid)
+
+
+def test_fifo_admits_in_arrival_order_across_tenants(tenants_file: Path) -> None:
+    fifo = FifoAdmitter(AdmissionConfig.from_file(tenants_file), lambda: 0.0)
+    for i, tenant in enumerate(["initech", "acme", "initech", "globex"]):
+        fifo.requeue(tenant, f"t{i}", input_tokens=100, output_allowance=300)
+    assert fifo.depths() == [1, 1, 2]
+    order = []
+    while (nom := fifo.nominate()) is not None:
+        fifo.decline(nom)  # head-of-line: a declined head stays the head
+        assert fifo.nominate().call is nom.call  # type: ignore[union-attr]
+        fifo.commit(nom)
+        order.append(nom.call.trajectory_id)
+    assert order == ["t0", "t1", "t2", "t3"]
+    fifo.requeue("acme", "t9", input_tokens=1, output_allowance=1)
+    nom = fifo.nominate()
+    assert nom is not None and fifo.withdraw("t9")
+    with pytest.raises(StaleNomination):
+        fifo.commit(nom)

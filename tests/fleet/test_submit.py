@@ -1,0 +1,95 @@
+"""Submission and control through the router's functions: the tenant comes from the caller,
+and bad input is refused with its reason and changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from kernel.errors import (
+    IllegalTransition,
+    InvalidInput,
+    SnapshotNotFound,
+    SubmissionRefused,
+    UnknownAgent,
+)
+from kernel.states import LifecycleState
+from tests.fleet.conftest import WEIGHTS
+from tests.fleet.harness import InProcessFleet, refund_job
+
+pytestmark = pytest.mark.redis
+S = LifecycleState
+
+
+def snapshot(inproc: InProcessFleet) -> dict[str, Any]:
+    """Everything a submission could change: records per tenant, queues, the feed."""
+    admitter: Any = inproc.service.dispatcher.admitter
+    return {
+        "records": {t: inproc.store.list(t) for t in WEIGHTS},
+        "admitted": admitter.admitted(),
+        "depths": [t.queue_depth for t in admitter.figures().tenants],
+        "feed": inproc.feed.depth(),
+    }
+
+
+def test_a_job_becomes_one_ready_record_of_the_callers_tenant(inproc: InProcessFleet) -> None:
+    done = inproc.api.submit("globex", {**refund_job("ord_1"), "trajectory_id": "job-1"})
+    rec = inproc.load("globex", "job-1")
+    assert (rec.tenant, rec.record_version, rec.state) == ("globex", 1, S.READY)
+    assert done.trajectory_id == "job-1" and inproc.service.dispatcher.admitter.is_queued("job-1")
+    with pytest.raises(SnapshotNotFound):
+        inproc.load("acme", "job-1")
+
+
+@pytest.mark.parametrize(
+    ("tenant", "job", "error", "reason"),
+    [
+        ("acme", {"agent": "examples.nowhere:agent"}, UnknownAgent, "cannot be imported"),
+        ("acme", {"agent": "examples.support_store:nothing"}, UnknownAgent, "no agent named"),
+        ("acme", {"budget": {"max_steps": 41}}, SubmissionRefused, "maximum of 40"),
+        ("acme", {"budget": {"max_stepz": 3}}, InvalidInput, "unknown budget key"),
+        ("acme", {"tenant": "initech"}, SubmissionRefused, "tenant comes from the caller"),
+        ("acme", {"goal": ""}, SubmissionRefused, "goal"),
+        ("acme", {"colour": "red"}, SubmissionRefused, "colour"),
+        ("umbrella", {}, InvalidInput, "not configured"),
+    ],
+)
+def test_bad_jobs_are_refused_with_a_reason_and_change_nothing(
+    inproc: InProcessFleet,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    tenant: str,
+    job: dict[str, Any],
+    error: type[Exception],
+    reason: str,
+) -> None:
+    before = snapshot(inproc)
+    keys = sorted(redis_client.scan_iter(match=f"*{key_prefix}*"))
+    with pytest.raises(error, match=reason):
+        inproc.api.submit(tenant, {**refund_job("ord_1"), **job})
+    assert snapshot(inproc) == before
+    assert sorted(redis_client.scan_iter(match=f"*{key_prefix}*")) == keys, "no key written"
+
+
+def test_a_duplicate_trajectory_id_is_refused_and_the_first_is_untouched(
+    inproc: InProcessFleet,
+) -> None:
+    inproc.api.submit("acme", {**refund_job("ord_1"), "trajectory_id": "dup"})
+    first = inproc.load("acme", "dup").to_json()
+    with pytest.raises(SubmissionRefused, match="already exists"):
+        inproc.api.submit("acme", {**refund_job("ord_2"), "trajectory_id": "dup"})
+    assert inproc.load("acme", "dup").to_json() == first
+
+
+def test_control_requests_the_kernel_refuses_change_nothing(inproc: InProcessFleet) -> None:
+    tid = inproc.api.submit("acme", refund_job("ord_1")).trajectory_id
+    before = inproc.load("acme", tid).to_json()
+    with pytest.raises(InvalidInput, match="unknown control"):
+        inproc.api.control("acme", tid, "explode", "ops")
+    with pytest.raises(SnapshotNotFound):
+        inproc.api.control("globex", tid, "pause", "ops")  # another tenant's trajectory
+    with pytest.raises(IllegalTransition, match="not paused"):
+        inproc.api.control("acme", tid, "resume", "ops")
+    assert inproc.load("acme", tid).to_json() == before

@@ -1,0 +1,58 @@
+"""The wire between routers and workers: notices and turn messages survive their encoding, and
+anything malformed is refused as bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel.errors import InvalidInput
+from kernel.events import CallModel, DispatchTool
+from router.feed import Notice, NoticeKind, TurnMessage
+
+CALL = CallModel(call_id="t/m1", attempt_id="t/m1/a1", view="{}", max_output_tokens=9, timeout_s=3)
+TOOL = DispatchTool(
+    call_id="t/t1",
+    attempt_id="t/t1/a1",
+    tool="get_order",
+    args={"order_id": "o"},
+    idempotency_key="k",
+    timeout_s=2,
+)
+
+
+def test_a_notice_round_trips() -> None:
+    notice = Notice(NoticeKind.READY, "acme", "t", 7, "t/m1", 120, 300, 1.5, "p/m", "c9", "p/m", 44)
+    assert Notice.decode(notice.encode()) == notice
+    assert Notice.decode(Notice(NoticeKind.IDLE, "a", "t", 1).encode()).kind is NoticeKind.IDLE
+
+
+@pytest.mark.parametrize("raw", [b"{}", b"[]", b'["nope", "a", "t", 1]', b"not json"])
+def test_a_malformed_notice_is_refused(raw: bytes) -> None:
+    with pytest.raises(InvalidInput, match="malformed notice"):
+        Notice.decode(raw)
+
+
+def test_a_turn_message_round_trips_with_its_commands() -> None:
+    msg = TurnMessage("acme", "t", 3, 1, (CALL, TOOL), 12.5, "r1", "c4", "p/m")
+    assert TurnMessage.from_payload(msg.to_payload()) == msg
+    assert msg.call_id == "t/m1"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"tenant": "a", "trajectory_id": "t", "version": "x", "epoch": 0},
+        {
+            "tenant": "a",
+            "trajectory_id": "t",
+            "version": 1,
+            "epoch": 0,
+            "commands": [{"type": "finish"}],
+        },
+        "not a mapping",
+    ],
+)
+def test_a_malformed_turn_message_is_refused(payload: object) -> None:
+    with pytest.raises(InvalidInput, match="malformed turn message"):
+        TurnMessage.from_payload(payload)

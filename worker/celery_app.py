@@ -1,0 +1,155 @@
+"""The Celery app of the fleet, built in an explicit boot step from the typed settings.
+
+Nothing here connects at import. :func:`make_app` builds the app for one deployment; a router
+builds it to send, a worker builds it with its turn handler to consume. The settings that are
+easy to get wrong are set explicitly (DESIGN.md, "Settings that are easy to get wrong"):
+
+* the broker is ``REINS_BROKER_URL``, separate from the store's ``REINS_REDIS_URL`` (kombu's
+  Redis transport does not speak Redis Cluster; the store does);
+* late acknowledgement, prefetch multiplier 1 and reject-on-worker-lost, so a message is only
+  gone once its turn ended, and a worker takes no more than it runs;
+* an explicit ``visibility_timeout`` (kombu's default is an hour) from
+  ``REINS_VISIBILITY_TIMEOUT_S``, longer than the longest turn, with a restore sweep a few
+  times per timeout; correctness never relies on it: a redelivered message whose expected
+  version is stale does nothing, and one whose turn was stranded is recovered from the record
+  (:mod:`worker.turn`);
+* every broker key under ``global_keyprefix`` = ``<REINS_KEY_PREFIX>:celery:``, so deployments
+  and test runs sharing a Redis never see each other's queues;
+* a thread pool of ``REINS_WORKER_CONCURRENCY`` threads: a turn waits seconds on a model, so a
+  worker holds many turns at once, not one per core.
+
+Each worker consumes one queue, named after its ring member (:func:`queue_for`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from kernel.errors import InvalidInput
+from kernel.settings import Settings
+from router.ring import check_name
+
+TURN_TASK = "reins.turn"
+NOOP_TASK = "reins.noop"
+QUEUE_PREFIX = "reins.turns."
+
+#: A worker's turn handler: (task payload, whether the broker redelivered it) -> None.
+TurnHandler = Callable[[dict[str, Any], bool], None]
+
+log = logging.getLogger("reins.worker.celery")
+
+
+def queue_for(member: str) -> str:
+    """The Celery queue of ring member ``member``."""
+    return QUEUE_PREFIX + check_name(member)
+
+
+def broker_keyprefix(settings: Settings) -> str:
+    """The prefix of every broker key of this deployment."""
+    return f"{settings.key_prefix}:celery:"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery configuration of the fleet (see the module docstring for each choice)."""
+    if settings.broker_url.split("://", 1)[0] not in ("redis", "rediss"):
+        raise InvalidInput(
+            f"REINS_BROKER_URL: only a Redis broker is supported, got {settings.broker_url!r}"
+        )
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "global_keyprefix": broker_keyprefix(settings),
+            # Sweep for unacked messages past the timeout every few seconds (kombu's default
+            # scans one call in ten, every ten seconds): a turn whose worker died comes back to
+            # its queue, marked redelivered, within about the timeout plus one sweep.
+            "unacked_restore_interval": max(1, min(10, int(settings.visibility_timeout_s // 4))),
+            "unacked_restore_throttle": 1,
+        },
+        "broker_connection_retry_on_startup": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_pool": "threads",
+        "worker_concurrency": settings.worker_concurrency,
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_create_missing_queues": True,
+        "worker_enable_remote_control": False,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+        "worker_hijack_root_logger": False,
+        "worker_redirect_stdouts": False,
+    }
+
+
+def make_app(settings: Settings, *, on_turn: TurnHandler | None = None) -> Celery:
+    """The app for ``settings``; with ``on_turn``, the turn and no-op tasks are registered.
+
+    A sender (router) needs no handler: it sends by task name.
+    """
+    app = Celery("reins", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    if on_turn is not None:
+        handler = on_turn
+
+        def turn(self: Any, payload: dict[str, Any]) -> None:
+            """Advance one trajectory by one turn (worker.turn.TurnRunner)."""
+            info = self.request.delivery_info or {}
+            handler(payload, bool(info.get("redelivered")))
+
+        def noop() -> None:
+            """Nothing: the baseline of ``reins bench fleet``."""
+
+        register: Any = app.task  # Celery's decorator is untyped
+        register(name=TURN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(turn)
+        register(name=NOOP_TASK)(noop)
+
+    return app
+
+
+def send_turn(app: Celery, member: str, payload: dict[str, Any]) -> None:
+    """Send one turn message to ``member``'s queue (fire and forget)."""
+    app.send_task(TURN_TASK, args=[payload], queue=queue_for(member))
+
+
+def send_noop(app: Celery, member: str) -> None:
+    """Send one no-op task to ``member``'s queue."""
+    app.send_task(NOOP_TASK, queue=queue_for(member))
+
+
+class BatchSender:
+    """Buffers task messages and publishes them in one pipelined batch (kombu's producer batch).
+
+    ``add`` only buffers; ``flush`` publishes everything buffered, in order, through one
+    producer and one Redis pipeline. A caller flushes at least once per loop iteration, so a
+    message waits in the buffer no longer than the iteration that admitted it.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.pending: list[tuple[str, str, list[Any]]] = []
+
+    def add(self, task: str, member: str, args: list[Any] | None = None) -> None:
+        """Buffer one message for ``member``'s queue."""
+        self.pending.append((task, member, args or []))
+
+    def turn(self, member: str, payload: dict[str, Any]) -> None:
+        """Buffer one turn message (the dispatcher's sender)."""
+        self.add(TURN_TASK, member, [payload])
+
+    def flush(self) -> int:
+        """Publish what is buffered; returns how many messages went out."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return 0
+        with self.app.producer_or_acquire() as producer, producer.batch():
+            for task, member, args in pending:
+                self.app.send_task(task, args=args, queue=queue_for(member), producer=producer)
+        return len(pending)

@@ -1,0 +1,192 @@
+"""Agents, models and tool backends as a fleet process holds them: loaded once, by reference.
+
+A record names its agent as ``MODULE:AGENT``; routers (admission) and workers (turns) both load
+it through :class:`AgentCache`, which imports each module once and keeps the kernel context.
+Workers also build the model of a turn (:class:`PacedModel` for scripted providers, so their
+latency really elapses in the worker thread and honours the cancel token) and keep one tool
+backend per agent, built by the backend factory the worker was started with (the agent's own
+``make_backend`` unless told otherwise: a fleet shares one backend service, such as the
+support store's Redis state, across every worker).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel.agent import AgentProfile
+from kernel.errors import UnknownAgent
+from kernel.events import ReplyStatus
+from kernel.step import KernelContext
+from kernel.tools import ToolSpec
+from worker.agents import AgentModule, load_agent
+from worker.backend import ToolBackend
+from worker.models import ModelReply, ScriptedModel
+from worker.providers import make_model, with_model
+from worker.providers.base import Provider
+
+#: Builds the tool backend a worker uses for one agent: (agent, its reference) -> backend.
+BackendFactory = Callable[[AgentModule, str], ToolBackend]
+
+
+def load_factory(ref: str) -> Callable[..., Any]:
+    """Import ``MODULE:NAME`` and return the callable it names; refuse anything else."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise UnknownAgent(f"factory reference {ref!r} must look like MODULE:NAME")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UnknownAgent(f"module {module_name!r} cannot be imported: {exc}") from None
+    found: Callable[..., Any] | None = getattr(module, attr, None)
+    if not callable(found):
+        raise UnknownAgent(f"{module_name} has no callable named {attr!r}")
+    return found
+
+
+class AgentCache:
+    """Agent modules and their kernel contexts by reference; thread-safe, loaded once each.
+
+    An unknown reference raises :class:`UnknownAgent` every time it is asked for (nothing is
+    cached for it), so a deployment that adds the module later is picked up.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._agents: dict[str, tuple[AgentModule, KernelContext]] = {}
+
+    def get(self, ref: str) -> tuple[AgentModule, KernelContext]:
+        """The agent and its kernel context; raises :class:`UnknownAgent`."""
+        found = self._agents.get(ref)
+        if found is None:
+            agent = load_agent(ref)
+            found = (agent, KernelContext(agent.profile))
+            with self._lock:
+                found = self._agents.setdefault(ref, found)
+        return found
+
+    def context(self, ref: str) -> KernelContext:
+        """The kernel context of ``ref``."""
+        return self.get(ref)[1]
+
+
+class PacedModel:
+    """A scripted model whose latency elapses in wall time, in the calling thread.
+
+    The reply is the scripted one; the thread then waits ``latency_s`` (or, when None, the
+    latency the policy reports) on the cancel token, capped by the call's timeout. A cancel
+    during the wait ends the call at once as CANCELED, the scripted text kept as partial
+    output (diagnostics only). The reported latency is the time that really elapsed.
+    """
+
+    def __init__(self, inner: ScriptedModel, latency_s: float | None) -> None:
+        self.inner, self.latency_s = inner, latency_s
+
+    def call(
+        self,
+        view: str,
+        max_output_tokens: int,
+        timeout_s: float,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelReply:
+        """Answer from the script after the latency; see the class docstring."""
+        start = time.monotonic()
+        reply = self.inner.call(view, max_output_tokens, timeout_s, cancel=cancel)
+        if reply.status is ReplyStatus.CANCELED:
+            return reply
+        pace = reply.latency_s if self.latency_s is None else self.latency_s
+        pace = max(min(pace, timeout_s), 0.0)
+        canceled = False
+        if pace > 0:
+            if cancel is not None:
+                canceled = cancel.wait(pace)
+            else:
+                time.sleep(pace)
+        elapsed = round(time.monotonic() - start, 6)
+        if canceled:
+            return ModelReply(
+                status=ReplyStatus.CANCELED,
+                latency_s=elapsed,
+                partial=reply.raw,
+                detail="canceled while the reply was in flight",
+            )
+        return reply.model_copy(update={"latency_s": elapsed})
+
+
+@dataclass
+class ModelOverrides:
+    """A worker's provider settings that replace every profile's (``reins worker`` options)."""
+
+    provider: str | None = None
+    base_url: str | None = None
+    name: str | None = None
+    api_key_env: str | None = None
+    scripted_latency_s: float | None = None
+
+
+@dataclass
+class TurnTools:
+    """Per agent: the model factory and the tool backend a worker uses for its turns."""
+
+    agents: AgentCache
+    env: Mapping[str, str]
+    overrides: ModelOverrides = field(default_factory=ModelOverrides)
+    backend_factory: BackendFactory | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _backends: dict[str, ToolBackend] = field(default_factory=dict)
+    _providers: dict[str, Provider] = field(default_factory=dict)
+
+    def backend(self, ref: str) -> ToolBackend:
+        """The one tool backend of agent ``ref`` in this worker (built on first use)."""
+        found = self._backends.get(ref)
+        if found is None:
+            agent = self.agents.get(ref)[0]
+            with self._lock:
+                found = self._backends.get(ref)
+                if found is None:
+                    factory = self.backend_factory
+                    found = factory(agent, ref) if factory else agent.make_backend()
+                    self._backends[ref] = found
+        return found
+
+    def profile(self, ref: str) -> AgentProfile:
+        """The agent's profile with this worker's model overrides applied."""
+        o = self.overrides
+        return with_model(
+            self.agents.get(ref)[0].profile,
+            provider=o.provider,
+            base_url=o.base_url,
+            name=o.name,
+            api_key_env=o.api_key_env,
+        )
+
+    def route(self, ref: str) -> str:
+        """The provider route (``provider/model``) the agent's calls take from this worker."""
+        model = self.profile(ref).model
+        return f"{model.provider}/{model.name}"
+
+    def model(self, ref: str, goal: str) -> Provider:
+        """The model for one turn of a trajectory of agent ``ref`` with ``goal``.
+
+        Scripted providers are built per turn (their policy reads the goal) and paced; other
+        providers are built once per agent and shared by the worker's threads.
+        """
+        agent = self.agents.get(ref)[0]
+        profile = self.profile(ref)
+        if profile.model.provider == "scripted":
+            policy = agent.make_policy(goal)
+            return PacedModel(ScriptedModel(policy), self.overrides.scripted_latency_s)
+        found = self._providers.get(ref)
+        if found is None:
+            with self._lock:
+                found = self._providers.get(ref)
+                if found is None:
+                    found = make_model(profile, agent.make_policy(goal), self.env)
+                    self._providers[ref] = found
+        return found

@@ -1,0 +1,342 @@
+"""One turn of one trajectory on a fleet worker: the model call and the tool calls it proposes.
+
+:meth:`TurnRunner.run` takes a :class:`~router.feed.TurnMessage` and carries the turn through:
+load the record, check that the message is current, carry out the commands the router
+committed, fold each outcome into the record with the step function, and carry out what that
+step asks for, until the step ends the turn (READY again, held for approval, finished) or has
+nothing left to do (the trajectory was paused, interrupted or canceled while the turn ran).
+
+Contracts:
+
+* **Register before send.** Every step that changed the record is committed by compare-and-set
+  before the commands it produced are carried out; nothing goes to a model or a tool that the
+  store does not already hold, with its reservation and idempotency key.
+* **Events are facts.** A commit that loses its race reloads the record and steps the same
+  event again: a control request that landed meanwhile is then honoured (a paused trajectory's
+  reply is settled and quarantined, never acted on).
+* **Stale messages do nothing.** A message whose expected version or control epoch is not the
+  record's, or whose call is no longer in flight, is ignored with a logged reason and the
+  record is left as it is. A message Celery redelivers (its first worker died, or the
+  visibility timeout ran out) whose version still matches may or may not have been carried
+  out: the kernel's ``Recover`` settles that from the record, and no call is sent again
+  blindly. A redelivered message whose turn already ended READY only requeues the trajectory
+  (its notice may have died with the worker); the record does not change. A turn its worker
+  left further along (a tool registered, its result not in) is recovered by the router's
+  sweep (:mod:`router.stranded`), not by the stale message.
+* **One notice per message.** However the turn ends, even ignored, the worker pushes exactly
+  one notice to the ready feed, so the router can requeue the trajectory and settle the gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from kernel.errors import (
+    ConcurrentModification,
+    ControlFlow,
+    InvalidInput,
+    ReinsError,
+    StoreError,
+)
+from kernel.events import (
+    CallModel,
+    CancelCall,
+    Command,
+    DispatchTool,
+    Enqueue,
+    Event,
+    Finish,
+    HoldForApproval,
+    LookupEffect,
+    Recover,
+    ToolResulted,
+)
+from kernel.record import TrajectoryRecord
+from kernel.states import LifecycleState
+from kernel.step import KernelContext, StepResult, step
+from router.feed import CancelListener, Feed, Notice, NoticeKind, TurnMessage, ready_notice
+from store.base import TrajectoryStore
+from worker.fleet_agents import TurnTools
+from worker.providers.base import InflightCalls
+
+S = LifecycleState
+log = logging.getLogger("reins.worker.turn")
+MAX_CAS_ATTEMPTS = 16  # a turn that keeps losing its commit this often gives the record up
+
+
+@dataclass(frozen=True, slots=True)
+class TurnReport:
+    """How a turn ended: the notice kind, why, and how far the record's version moved."""
+
+    outcome: NoticeKind
+    reason: str
+    advanced: int  # versions committed during the turn (0: the record did not change)
+    version: int
+
+
+class _Ignored(Exception):
+    """The message does not apply to the record; the reason is logged, nothing changes."""
+
+
+class TurnRunner:
+    """Carries out turn messages; one instance per worker, called from many threads at once."""
+
+    def __init__(
+        self,
+        *,
+        store: TrajectoryStore,
+        tools: TurnTools,
+        feed: Feed,
+        worker: str,
+        inflight: InflightCalls | None = None,
+        listener: CancelListener | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store, self.tools, self.feed, self.worker = store, tools, feed, worker
+        self.inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
+        self.listener = listener
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._delays_ms: list[float] = []
+        self.active = 0  # turns running now
+        self.turns = 0  # turns taken since start
+
+    # --- the entry point -----------------------------------------------------------------------
+
+    def run(self, msg: TurnMessage, *, redelivered: bool = False) -> TurnReport:
+        """Carry one turn through (see the module docstring); never raises for bad input."""
+        started = self.clock()
+        with self._lock:
+            self.active += 1
+            self.turns += 1
+            if msg.admitted_at > 0:
+                self._delays_ms.append(max(started - msg.admitted_at, 0.0) * 1000.0)
+        used = [-1]
+        try:
+            report = self._run(msg, redelivered, used)
+        except _Ignored as why:
+            log.warning(
+                "ignored turn message for %s/%s (v%d, epoch %d) on %s: %s",
+                msg.tenant,
+                msg.trajectory_id,
+                msg.version,
+                msg.epoch,
+                self.worker,
+                why,
+            )
+            report = TurnReport(NoticeKind.IDLE, f"ignored: {why}", 0, msg.version)
+            self._notify(msg, self._idle(msg))
+        except Exception:  # a bug or an unreachable store: the record stays for recovery
+            log.exception("turn of %s/%s failed on %s", msg.tenant, msg.trajectory_id, self.worker)
+            report = TurnReport(NoticeKind.IDLE, "failed", 0, msg.version)
+            self._notify(msg, self._idle(msg))
+        finally:
+            with self._lock:
+                self.active -= 1
+        return report
+
+    @staticmethod
+    def _idle(msg: TurnMessage) -> Notice:
+        return Notice(NoticeKind.IDLE, msg.tenant, msg.trajectory_id, msg.version, msg.call_id)
+
+    def take_delays(self) -> list[float]:
+        """The admission-to-start delays (ms) measured since the last call."""
+        with self._lock:
+            out, self._delays_ms = self._delays_ms, []
+        return out
+
+    # --- the turn ------------------------------------------------------------------------------
+
+    def _run(self, msg: TurnMessage, redelivered: bool, used: list[int]) -> TurnReport:
+        rec = self._load(msg)
+        lost_notice = redelivered and _ended_ready(rec, msg)
+        if not lost_notice:
+            self._check_current(rec, msg)  # a stale message stops here, changing nothing
+        ctx = self._context(rec)
+        todo: deque[Command] = deque()
+        first = rec.record_version
+        if lost_notice:
+            # The turn ended READY but its notice may be lost: requeue it, changing nothing.
+            todo.append(Enqueue())
+            log.info("redelivered turn of %s: READY, requeued", rec.trajectory_id)
+        elif redelivered and rec.state in (S.CALLING_MODEL, S.WAITING_TOOL):
+            rec, result = self._commit(rec, Recover(now=self.clock(), worker=self.worker), ctx)
+            todo.extend(result.commands if result else ())
+            log.info("redelivered turn of %s: recovered from the record", rec.trajectory_id)
+        else:
+            self._check_in_flight(rec, msg)
+            todo.extend(msg.commands)
+        ended, reason = NoticeKind.IDLE, "nothing left to do"
+        while todo:
+            cmd = todo.popleft()
+            if isinstance(cmd, Enqueue):
+                ended, reason = NoticeKind.READY, "ready"
+                continue
+            if isinstance(cmd, HoldForApproval):
+                ended, reason = NoticeKind.HELD, f"held for approval {cmd.approval_id}"
+                log.info("%s held for approval %s", rec.trajectory_id, cmd.approval_id)
+                continue
+            if isinstance(cmd, Finish):
+                ended, reason = NoticeKind.FINISHED, f"finished: {cmd.stop.value}"
+                continue
+            if isinstance(cmd, CancelCall):
+                self.inflight.cancel(cmd.call_id)
+                self.feed.publish_cancel(rec.tenant, rec.trajectory_id, cmd.call_id)
+                continue
+            event = self._carry_out(rec, cmd, used)
+            rec, result = self._commit(rec, event, ctx)
+            if result is None:
+                ended, reason = NoticeKind.IDLE, "the kernel refused an outcome (logged)"
+                break
+            if result.quarantined is not None:
+                log.info("%s: reply quarantined (%s)", rec.trajectory_id, result.quarantined.why)
+            todo.extend(result.commands)
+        notice = (
+            ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
+            if ended is NoticeKind.READY
+            else Notice(ended, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id)
+        )
+        self._notify(msg, notice, used[0])
+        return TurnReport(ended, reason, rec.record_version - first, rec.record_version)
+
+    def _load(self, msg: TurnMessage) -> TrajectoryRecord:
+        try:
+            return self.store.load(msg.tenant, msg.trajectory_id)
+        except StoreError as exc:
+            raise _Ignored(f"cannot load the record ({exc})") from None
+        except InvalidInput as exc:  # a schema this build does not read: left for a newer one
+            raise _Ignored(f"cannot read the record ({exc})") from None
+
+    @staticmethod
+    def _check_current(rec: TrajectoryRecord, msg: TurnMessage) -> None:
+        """Refuse a message whose version or epoch is not the record's."""
+        if rec.record_version != msg.version:
+            raise _Ignored(
+                f"stale version: the message expects v{msg.version}, "
+                f"the record is at v{rec.record_version} ({rec.state.value})"
+            )
+        if rec.control_epoch != msg.epoch:
+            raise _Ignored(
+                f"stale epoch: the message was admitted under control epoch {msg.epoch}, "
+                f"the record is at epoch {rec.control_epoch}"
+            )
+
+    def _context(self, rec: TrajectoryRecord) -> KernelContext:
+        try:
+            return self.tools.agents.context(rec.agent)
+        except ReinsError as exc:
+            raise _Ignored(f"agent {rec.agent!r} cannot be loaded here ({exc})") from None
+
+    @staticmethod
+    def _check_in_flight(rec: TrajectoryRecord, msg: TurnMessage) -> None:
+        """Every command must name an operation the record holds as in flight and eligible."""
+        if not msg.commands:
+            raise _Ignored("the message carries no command")
+        for cmd in msg.commands:
+            op = rec.operations.get(cmd.call_id)
+            if op is None or not op.open or not op.eligible:
+                raise _Ignored(f"call {cmd.call_id} is not in flight in the record")
+            if isinstance(cmd, CallModel) and rec.state is not S.CALLING_MODEL:
+                raise _Ignored(f"call {cmd.call_id}: the record is {rec.state.value}")
+
+    def _carry_out(self, rec: TrajectoryRecord, cmd: Command, used: list[int]) -> Event:
+        """Do what one command asks, outside any lock; report back with its event."""
+        if isinstance(cmd, CallModel):
+            token = self.inflight.open(cmd.call_id)
+            try:
+                if self.listener is not None and self.listener.recently_canceled(cmd.call_id):
+                    token.set()
+                model = self.tools.model(rec.agent, rec.goal)
+                reply = model.call(cmd.view, cmd.max_output_tokens, cmd.timeout_s, cancel=token)
+            finally:
+                self.inflight.close(cmd.call_id)
+            if reply.usage is not None:
+                u = reply.usage
+                used[0] = u.uncached_input + u.cached_input + u.output
+            return reply.replied(cmd.call_id, self.clock())
+        if isinstance(cmd, DispatchTool | LookupEffect):
+            return self._tool(rec, cmd)
+        raise TypeError(f"not a command a worker carries out: {cmd!r}")  # pragma: no cover
+
+    def _tool(self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect) -> ToolResulted:
+        backend = self.tools.backend(rec.agent)
+        looked_up = isinstance(cmd, LookupEffect)
+        try:
+            if isinstance(cmd, LookupEffect):
+                result, secs = backend.lookup(cmd.tool, cmd.idempotency_key)
+            else:
+                result, secs = backend.call(
+                    rec.user,
+                    cmd.tool,
+                    cmd.args,
+                    cmd.idempotency_key,
+                    cmd.timeout_s,
+                    approval=cmd.approval_digest,
+                )
+        except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
+            log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
+            result, secs = {"status": "unknown", "code": "backend_error"}, 0.0
+            spec = self.tools.agents.get(rec.agent)[0].profile.catalog.get(cmd.tool)
+            if spec is not None and spec.kind.value == "read":
+                result = {"status": "error", "code": "backend_error"}
+        return ToolResulted(
+            now=self.clock(),
+            call_id=cmd.call_id,
+            attempt_id=cmd.attempt_id,
+            result=result,
+            latency_s=secs,
+            looked_up=looked_up,
+        )
+
+    def _commit(
+        self, rec: TrajectoryRecord, event: Event, ctx: KernelContext
+    ) -> tuple[TrajectoryRecord, StepResult | None]:
+        """Step ``event`` and commit it by compare-and-set; on a lost race reload and re-step.
+
+        Returns the newest record and the step's result, or None when the kernel refused the
+        event on the current record (logged; nothing was written).
+        """
+        for _ in range(MAX_CAS_ATTEMPTS):
+            try:
+                result = step(rec, event, ctx)
+            except (ControlFlow, InvalidInput) as exc:
+                log.warning("%s: the kernel refused %s: %s", rec.trajectory_id, event.type, exc)
+                return rec, None
+            if result.record is rec:
+                return rec, result
+            try:
+                self.store.compare_and_set(result.record, rec.record_version, result.rows)
+            except ConcurrentModification:
+                rec = self.store.load(rec.tenant, rec.trajectory_id)
+                continue
+            return result.record, result
+        raise StoreError(
+            f"{rec.trajectory_id}: lost {MAX_CAS_ATTEMPTS} commits in a row; giving the turn up"
+        )
+
+    def _notify(self, msg: TurnMessage, notice: Notice, used_tokens: int = -1) -> None:
+        """Push the turn's one notice, carrying the gate lease back to the router."""
+        if msg.lease or used_tokens >= 0:
+            notice = replace(
+                notice, lease=msg.lease, lease_route=msg.route, used_tokens=used_tokens
+            )
+        try:
+            self.feed.push(notice)
+        except Exception:  # the feed is a hint; the router's rebuild finds READY work anyway
+            log.exception("could not push the notice of %s", msg.trajectory_id)
+
+
+def _ended_ready(rec: TrajectoryRecord, msg: TurnMessage) -> bool:
+    """A redelivered message whose turn is the record's last one and ended READY: its worker
+    died after the READY commit, perhaps before the notice that requeues it."""
+    return (
+        rec.state is S.READY
+        and bool(msg.call_id)
+        and msg.call_id == f"{rec.trajectory_id}/m{rec.turn}"
+        and rec.record_version > msg.version
+    )
