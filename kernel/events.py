@@ -97,6 +97,16 @@ class ToolProgress(_Event):
     line: str
 
 
+class Finalize(_Event):
+    """The runtime ends a live trajectory with a stop it decided outside the record (an
+    admission limit of the tenant, say). Never from the model; the closing message is built
+    from the state as for any other stop."""
+
+    type: Literal["finalize"] = "finalize"
+    stop: StopReason
+    detail: str = ""
+
+
 class Recover(_Event):
     """The worker that held this trajectory's turn is gone (its heartbeat lapsed)."""
 
@@ -117,6 +127,7 @@ Event = (
     | ToolProgress
     | ApprovalDecided
     | ControlRequested
+    | Finalize
     | Recover
     | Tick
 )

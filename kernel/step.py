@@ -29,6 +29,7 @@ from kernel.events import (
     ControlRequested,
     Enqueue,
     Event,
+    Finalize,
     Finish,
     ModelReplied,
     Recover,
@@ -39,7 +40,7 @@ from kernel.events import (
 from kernel.fastmodel import construct
 from kernel.lifecycle import Cause, Decision, transition
 from kernel.progress import signature
-from kernel.record import Operation, OpKind, OpStatus, TrajectoryRecord
+from kernel.record import ApprovalStatus, Operation, OpKind, OpStatus, TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
 from kernel.states import LIVE, LifecycleState, StopReason, terminal_state_for
 from kernel.tools import ToolSpec
@@ -217,6 +218,8 @@ def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
         control.on_tick(turn)
     elif isinstance(event, ToolProgress):
         control.on_progress(turn, event)
+    elif isinstance(event, Finalize):
+        finalize(turn, event)
     elif isinstance(event, Recover):
         from kernel.recovery import on_recover
 
@@ -229,6 +232,24 @@ def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
     if turn.rec.record_version == rec.record_version:
         turn.rec.record_version += 1  # every committed change is a new version
     return turn.result()
+
+
+def finalize(turn: Turn, ev: Finalize) -> None:
+    """End the run for a reason the runtime decided; only from a state where nothing the
+    kernel admitted is left to act (READY, PAUSED, AWAITING_APPROVAL); a refusal otherwise."""
+    rec = turn.rec
+    if rec.state not in (S.READY, S.PAUSED, S.AWAITING_APPROVAL):
+        raise IllegalTransition(
+            rec.state.value,
+            S.FINALIZING.value,
+            "finalize",
+            "finalize a trajectory only between turns",
+        )
+    if rec.held is not None and rec.held.status.value == "held":
+        rec.held.status = ApprovalStatus.WITHDRAWN
+        rec.held.decided_at = turn.now
+    rec.pending_control = None
+    turn.stop(ev.stop, ev.detail or None)
 
 
 def calls_that_fit(rec: TrajectoryRecord, liability: Amounts) -> int:

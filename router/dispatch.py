@@ -50,8 +50,8 @@ from kernel.errors import (
     SnapshotNotFound,
     StaleNomination,
 )
-from kernel.events import Admit
-from kernel.states import LifecycleState
+from kernel.events import Admit, Finalize
+from kernel.states import LifecycleState, StopReason
 from kernel.step import step
 from router.admission import AdmissionQueue
 from router.admitter import FinalizeNow
@@ -185,13 +185,31 @@ class Dispatcher:
 
     def _requeued(self, n: Notice, answer: Any) -> None:
         if isinstance(answer, FinalizeNow):
-            # No kernel event finalizes a READY trajectory with a given stop; it stays READY and
-            # unqueued, and its wall-clock limit ends it (reported as a needed kernel change).
-            log.error("%s/%s can never be admitted: %s", n.tenant, n.trajectory_id, answer.why)
+            # A next call over the tenant's largest call can never be admitted: end the run
+            # now (seed 004: bounded latency needs rejection), not leave it waiting.
+            log.warning("%s/%s can never be admitted: %s", n.tenant, n.trajectory_id, answer.why)
+            self.finalize(n.tenant, n.trajectory_id, answer.stop_reason, answer.why)
         elif isinstance(answer, Exception):  # already queued, most often: a duplicate notice
             log.debug("requeue of %s/%s refused: %s", n.tenant, n.trajectory_id, answer)
         else:
             self.figures.requeued += 1
+
+    def finalize(self, tenant: str, tid: str, stop: StopReason, why: str) -> None:
+        """End a trajectory between turns with a stop the admitter decided (by compare-and-set,
+        reloading on a lost race); a trajectory already past that point is left alone."""
+        for _ in range(8):
+            try:
+                rec = self.store.load(tenant, tid)
+                ctx = self.agents.context(rec.agent)
+                result = step(rec, Finalize(now=self.clock(), stop=stop, detail=why), ctx)
+            except (SnapshotNotFound, ReinsError) as exc:
+                log.info("did not finalize %s/%s: %s", tenant, tid, exc)
+                return
+            try:
+                self.store.compare_and_set(result.record, rec.record_version, result.rows)
+                return
+            except ConcurrentModification:
+                continue
 
     def route_for(self, route: str) -> str | None:
         """The gate route of a call through ``route``, or None when no gate governs it."""

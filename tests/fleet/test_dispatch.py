@@ -109,3 +109,17 @@ def test_fifo_admits_in_arrival_order_across_tenants(tenants_file: Path) -> None
     assert nom is not None and fifo.withdraw("t9")
     with pytest.raises(StaleNomination):
         fifo.commit(nom)
+
+
+def test_a_call_that_can_never_be_admitted_is_finalized_at_once(inproc: InProcessFleet) -> None:
+    from router.admitter import FinalizeNow
+    from router.feed import Notice, NoticeKind
+
+    oid = seed_orders(inproc.client, inproc.prefix, 400, 1)[0]
+    tid = inproc.api.submit("acme", refund_job(oid)).trajectory_id
+    dispatcher = inproc.service.dispatcher
+    notice = Notice(kind=NoticeKind.READY, tenant="acme", trajectory_id=tid, version=1)
+    dispatcher._requeued(notice, FinalizeNow(tid, StopReason.MAX_TOKENS, "next call too large"))
+    rec = inproc.load("acme", tid)
+    assert rec.state is S.FAILED and rec.stop_reason is StopReason.MAX_TOKENS
+    assert rec.closing_message is not None

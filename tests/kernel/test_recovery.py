@@ -76,3 +76,27 @@ def test_recover_on_a_ready_trajectory_requeues_it() -> None:
     d = Driver()
     res = d.apply(Recover(now=0.0))
     assert d.commands(Enqueue) and res.note is not None
+
+
+def test_finalize_between_turns_ends_the_run_with_the_given_stop() -> None:
+    from kernel.events import Finalize, Finish
+
+    d = Driver()
+    d.reply(d.admit(), PLAN)
+    d.apply(Finalize(now=d.now, stop=StopReason.MAX_TOKENS, detail="next call over largest"))
+    assert d.rec.state is S.FAILED and d.rec.stop_reason is StopReason.MAX_TOKENS
+    assert d.commands(Finish)
+
+
+def test_finalize_is_refused_while_a_turn_is_in_flight() -> None:
+    import pytest
+
+    from kernel.errors import IllegalTransition
+    from kernel.events import Finalize
+
+    d = Driver()
+    d.admit()
+    before = d.rec.to_json()
+    with pytest.raises(IllegalTransition):
+        d.apply(Finalize(now=d.now, stop=StopReason.MAX_TOKENS))
+    assert d.rec.to_json() == before
