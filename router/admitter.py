@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from kernel.amounts import Dimension
 from kernel.budget import Budget
-from kernel.errors import SubmissionRefused, UnknownTenant
+from kernel.errors import SubmissionRefused
 from kernel.states import StopReason
 from router import drr
 from router.drr import DrrState, Nomination, ReadyCall
 from router.fairness import FairnessBook, FairnessFigures
-from router.tenants import AdmissionConfig, TenantConfig
+from router.tenants import AdmissionConfig, LaneIndex, TenantConfig
 
 Clock = Callable[[], float]
 
@@ -76,8 +76,8 @@ class Admitter:
         self.config = config
         self._clock = clock
         self._state = build_state(config)
-        self._lane_of = {t.name: i for i, t in enumerate(config.tenants)}
-        self._class_of = [{c: k for k, c in enumerate(t.class_names)} for t in config.tenants]
+        self._lanes = LaneIndex(config)
+        self._lane_of, self._class_of = self._lanes.lane_of, self._lanes.class_of
         self._where: dict[str, tuple[int, int, ReadyCall]] = {}
         self._book = FairnessBook(
             names=[t.name for t in config.tenants],
@@ -244,19 +244,7 @@ class Admitter:
     def _resolve(
         self, tenant: str, trajectory_id: str, service_class: str | None
     ) -> tuple[int, int, TenantConfig]:
-        lane = self._lane_of.get(tenant)
-        if lane is None:
-            raise UnknownTenant(
-                f"tenant {tenant!r} is not configured; known: {', '.join(self._lane_of)}"
-            )
-        cfg = self.config.tenants[lane]
-        classes = self._class_of[lane]
-        klass = 0 if service_class is None else classes.get(service_class)
-        if klass is None:
-            raise SubmissionRefused(
-                f"tenant {tenant!r} has no service class {service_class!r}; "
-                f"known: {', '.join(classes)}"
-            )
+        lane, klass, cfg = self._lanes.resolve(tenant, service_class)
         if trajectory_id in self._where:
             raise SubmissionRefused(f"trajectory {trajectory_id} is already queued")
         return lane, klass, cfg

@@ -63,7 +63,6 @@ from kernel.errors import (
     ConfigError,
     StaleNomination,
     SubmissionRefused,
-    UnknownTenant,
 )
 from kernel.states import StopReason
 from router.admitter import Clock, FinalizeNow, check_budget, check_route, scheduling_charge
@@ -82,7 +81,7 @@ from router.claims import (
 from router.drr import Nomination, ReadyCall
 from router.fairness import FairnessBook, FairnessFigures
 from router.redis_gates import LuaScript, RedisGates, admitter_tag
-from router.tenants import AdmissionConfig, TenantConfig
+from router.tenants import AdmissionConfig, LaneIndex, TenantConfig
 
 __all__ = ["Claim", "ClaimAttempt", "ClaimBatch", "Reconciled", "RedisAdmitter", "store_readiness"]
 
@@ -120,8 +119,8 @@ class RedisAdmitter:
         self._clock = clock
         self._claim_ttl = repr(float(claim_ttl_s))
         self._keys = (f"{self.tag}:st",)
-        self._lane_of = {t.name: i for i, t in enumerate(config.tenants)}
-        self._class_of = [{c: k for k, c in enumerate(t.class_names)} for t in config.tenants]
+        self._lanes = LaneIndex(config)
+        self._lane_of, self._class_of = self._lanes.lane_of, self._lanes.class_of
         self._claim = LuaScript(client, "state.lua", "pick.lua", "gates.lua", "claim.lua")
         self._commit = LuaScript(client, "state.lua", "commit.lua")
         self._enqueue = LuaScript(client, "state.lua", "queue.lua", "enqueue.lua")
@@ -386,20 +385,7 @@ class RedisAdmitter:
     def _resolve_names(
         self, tenant: str, service_class: str | None
     ) -> tuple[int, int, TenantConfig]:
-        lane = self._lane_of.get(tenant)
-        if lane is None:
-            raise UnknownTenant(
-                f"tenant {tenant!r} is not configured; known: {', '.join(self._lane_of)}"
-            )
-        cfg = self.config.tenants[lane]
-        classes = self._class_of[lane]
-        klass = 0 if service_class is None else classes.get(service_class)
-        if klass is None:
-            raise SubmissionRefused(
-                f"tenant {tenant!r} has no service class {service_class!r}; "
-                f"known: {', '.join(classes)}"
-            )
-        return lane, klass, cfg
+        return self._lanes.resolve(tenant, service_class)
 
     def _route(self, trajectory_id: str, route: str | None, charge: int) -> str:
         route = check_route(trajectory_id, route)
