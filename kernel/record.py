@@ -16,7 +16,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernel.amounts import Amounts
 from kernel.budget import Budget
@@ -283,6 +283,12 @@ class TrajectoryRecord(BaseModel):
     @classmethod
     def from_json(cls, data: bytes | str) -> TrajectoryRecord:
         """Parse a record; refuse one whose schema version this build does not know."""
+        try:  # the common case: one parse and validation in pydantic-core
+            record = cls.model_validate_json(data)
+        except ValidationError:
+            record = None  # diagnose below: an unknown schema, or a genuinely bad record
+        if record is not None and record.schema_version == SCHEMA_VERSION:
+            return record
         raw = json.loads(data)
         version = raw.get("schema_version") if isinstance(raw, dict) else None
         if version != SCHEMA_VERSION:

@@ -148,13 +148,24 @@ def decode_snapshot(
     """
     where = f"trajectory {trajectory_id} in tenant {tenant}"
     try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise CorruptSnapshot(f"{where}: stored snapshot is not JSON ({exc})") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
-        raise CorruptSnapshot(f"{where}: stored snapshot has no schema_version")
-    try:
         record = TrajectoryRecord.from_json(data)
+    except UnsupportedSchema as exc:
+        raw = json.loads(data)  # from_json parsed it, so this cannot fail
+        if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
+            raise CorruptSnapshot(f"{where}: stored snapshot has no schema_version") from None
+        detail = str(exc).split(": ", 1)[-1]
+        raise UnsupportedSchema(f"{where}: {detail}; the snapshot is left as is") from None
+    except (ValidationError, ValueError):
+        record = None  # say precisely what is wrong, below
+    if record is None:
+        try:
+            raw = json.loads(data)
+        except ValueError as exc:
+            raise CorruptSnapshot(f"{where}: stored snapshot is not JSON ({exc})") from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
+            raise CorruptSnapshot(f"{where}: stored snapshot has no schema_version")
+    try:
+        record = record or TrajectoryRecord.from_json(data)
     except UnsupportedSchema as exc:
         detail = str(exc).split(": ", 1)[-1]
         raise UnsupportedSchema(f"{where}: {detail}; the snapshot is left as is") from None
