@@ -5,8 +5,10 @@ feed and the admitter; the tenant and gate configurations from files; a Celery a
 sends. Then, until SIGTERM:
 
 * every ``REINS_HEARTBEAT_INTERVAL_S / 2``, a *tick*: rebuild the ring if the membership
-  changed and publish it (so drains are acknowledged), reconcile lapsed claims, and recover
-  turns stranded by a dead worker (:mod:`router.stranded`);
+  changed and publish it (so drains are acknowledged), reconcile lapsed claims, recover the
+  turns held by a member whose heartbeat lapsed (:mod:`router.reconcile`; every turn message
+  sent is recorded in its member's holdings first), and, as a slow backstop, turns stranded
+  with no holding (:mod:`router.stranded`);
 * otherwise a *cycle*: take notices from the feed, settle and requeue, admit what fits.
 
 Two router processes run side by side. With the shared admitter (``--admitter redis``, the
@@ -45,6 +47,7 @@ from router.feed import Feed, ready_notice, route_of
 from router.fifo import FifoAdmitter
 from router.gates import GateConfig, MemoryGates
 from router.membership import Membership, ReplicaRing
+from router.reconcile import Holdings, Reconciler
 from router.redis_admitter import RedisAdmitter, store_readiness
 from router.redis_gates import RedisGates
 from router.stranded import StrandedTurns
@@ -122,29 +125,39 @@ class RouterService:
         self.config = AdmissionConfig.from_file(options.tenants_file)
         self.gate_config = load_gate_config(options.gates_file)
         self.agents = AgentCache()
+        self.holdings = Holdings(self.client, prefix)
         self._batch: BatchSender | None = None
         if sender is None:
             app = make_app(settings)
             self._batch = BatchSender(app)
-            sender = self._batch.turn
+            sender = self.holdings.buffering(self._batch.turn)  # flushed before the batch
 
             def send_now(member: str, payload: dict[str, Any]) -> None:
                 send_turn(app, member, payload)
 
-            self._send_now: Sender = send_now
+            self._send_now: Sender = self.holdings.sending(send_now)
         else:
-            self._send_now = sender
+            sender = self._send_now = self.holdings.sending(sender)
         self.sender = sender
         self.shared = options.admitter is AdmitterKind.REDIS
         self.admitting = self.shared
         self._lease = self.client.register_script(_LEASE.read_text())
         self._stop = threading.Event()
         self.dispatcher = self._dispatcher()
+        api = self.api()
         self.stranded = StrandedTurns(
-            self.api(),
+            api,
             tuple(t.name for t in self.config.tenants),
             after_s=2 * settings.visibility_timeout_s,
             clock=time.monotonic,
+        )
+        self.reconciler = Reconciler(
+            api,
+            self.membership,
+            self.holdings,
+            ring=lambda: self.replica.ring,
+            by=options.name,
+            backstop=self.stranded,
         )
 
     # --- parts ---------------------------------------------------------------------------------
@@ -205,7 +218,7 @@ class RouterService:
         the admission figures gathered since the last tick."""
         self.dispatcher.flush()
         self.replica.refresh()
-        self.stranded.sweep()
+        self.reconciler.tick()  # lapsed members' turns, then the stranded-turn backstop
         if self.shared:
             admitter: Any = self.dispatcher.admitter
             done = admitter.reconcile(store_readiness(self.store))
@@ -227,6 +240,7 @@ class RouterService:
         admitted = 0
         while admitted < self.options.batch:
             burst = d.admit_some(SEND_BURST)
+            self.holdings.flush()  # register before send: holdings first, then the messages
             if self._batch is not None:
                 self._batch.flush()  # a turn waits for at most one burst of admissions
             admitted += burst

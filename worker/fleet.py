@@ -35,6 +35,7 @@ from kernel.errors import UnknownMember
 from kernel.settings import Settings
 from router.feed import CancelListener, Feed, TurnMessage
 from router.membership import Membership
+from router.reconcile import Holdings
 from store.redis_store import RedisStore, client_from_url
 from worker.agents import AgentModule
 from worker.backend import ToolBackend
@@ -102,6 +103,7 @@ class FleetWorker:
             worker=self.name,
             inflight=self.inflight,
             listener=self.listener,
+            holdings=Holdings(self.client, settings.key_prefix),
         )
         self._stop = threading.Event()
         self._draining = threading.Event()

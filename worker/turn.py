@@ -22,7 +22,11 @@ Contracts:
   blindly. A redelivered message whose turn already ended READY only requeues the trajectory
   (its notice may have died with the worker); the record does not change. A turn its worker
   left further along (a tool registered, its result not in) is recovered by the router's
-  sweep (:mod:`router.stranded`), not by the stale message.
+  reconciler (:mod:`router.reconcile`) once the worker's heartbeat lapses, not by the stale
+  message.
+* **Holdings.** After a turn's notice is pushed, the turn is released from this worker's
+  holdings (only if they still name the version carried out), so the router's reconciler
+  recovers exactly the turns a dead worker still held.
 * **One notice per message.** However the turn ends, even ignored, the worker pushes exactly
   one notice to the ready feed, so the router can requeue the trajectory and settle the gate.
 """
@@ -60,6 +64,7 @@ from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState
 from kernel.step import KernelContext, StepResult, step
 from router.feed import CancelListener, Feed, Notice, NoticeKind, TurnMessage, ready_notice
+from router.reconcile import Holdings
 from store.base import TrajectoryStore
 from worker.fleet_agents import TurnTools
 from worker.providers.base import InflightCalls
@@ -96,8 +101,10 @@ class TurnRunner:
         inflight: InflightCalls | None = None,
         listener: CancelListener | None = None,
         clock: Callable[[], float] = time.time,
+        holdings: Holdings | None = None,
     ) -> None:
         self.store, self.tools, self.feed, self.worker = store, tools, feed, worker
+        self.holdings = holdings  # released after each notice (router.reconcile)
         self.inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
         self.listener = listener
         self.clock = clock
@@ -329,6 +336,11 @@ class TurnRunner:
             self.feed.push(notice)
         except Exception:  # the feed is a hint; the router's rebuild finds READY work anyway
             log.exception("could not push the notice of %s", msg.trajectory_id)
+        if self.holdings is not None:
+            try:  # after the notice: a lost release only leaves a holding the turn moved past
+                self.holdings.release(self.worker, msg.tenant, msg.trajectory_id, msg.version)
+            except Exception:
+                log.exception("could not release the holding of %s", msg.trajectory_id)
 
 
 def _ended_ready(rec: TrajectoryRecord, msg: TurnMessage) -> bool:

@@ -1,0 +1,318 @@
+"""Crash recovery by reins's own reconciler: which member holds which turn, and what to do when
+its heartbeat lapses.
+
+Celery alone waits for the broker's visibility timeout before it hands a dead worker's message
+to anyone (and may lose it outright). reins does not wait: the state of every turn is in the
+store, and the router knows where it sent each one.
+
+**Holdings** (:class:`Holdings`). When a router sends a turn message to a member's queue it
+first records the turn in that member's holdings (register before send); the worker that
+carries the turn out releases it right after it pushed the turn's notice. Keys (one hash tag,
+so the two-key scripts also run on Redis Cluster)::
+
+    {P:held}:m:<member>   hash   "<tenant>/<trajectory>" -> "<version>:<epoch>:<call id>"
+                                 (the record's version and epoch the message was sent at, and
+                                 its first command's call id)
+    {P:held}:members      set    the members that hold (or held) turns
+    P:fleet:recoveries    list   one JSON entry per recovery: member, trajectory, seconds from
+                                 the member's last heartbeat to the recovery, router
+
+A release deletes the field only if it still names the version the worker carried out, so a
+late release never drops a newer holding of the same trajectory.
+
+**The reconciler** (:class:`Reconciler`), on every router tick: for each holder whose heartbeat
+has lapsed (or that is no longer registered), *take* each holding (an atomic delete of exactly
+that value, so of two routers only one recovers a turn) and deliver the kernel's ``Recover`` to
+the trajectory by compare-and-set, reloading on a lost race, while the record is still in the
+turn that was sent: acting (CALLING_MODEL or WAITING_TOOL), in the turn that registered the
+sent call, at the control epoch it was sent under, at or past the version it was sent at.
+Otherwise the turn had moved on (its notice was pushed, its release was lost) and nothing is
+done. ``Recover`` keeps a maybe-sent model call's reservation and returns the turn to READY
+(requeued, so it is admitted to a live member); a maybe-sent write is resolved as its tool
+declares, its lookup sent to a live member. A message of the dead member that the broker
+redelivers later is stale by then and does nothing (:mod:`worker.turn`).
+
+A member is only reconciled once it is out of this router's ring (rebuilt just before, in the
+same tick), so a recovered turn is never placed on the dead member again; and while no live
+member is on the ring nothing is taken, since a recovery then could not be sent on.
+A router that dies between taking a holding and committing its ``Recover`` leaves that turn to
+the slow backstop, :class:`router.stranded.StrandedTurns`, which the reconciler also runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+
+from kernel.errors import ReinsError
+from kernel.record import OpKind, TrajectoryRecord
+from router.membership import Membership
+from router.ring import Ring
+from router.stranded import ACTING, StrandedTurns
+from router.submit import RouterApi
+
+log = logging.getLogger("reins.router.reconcile")
+MAX_ATTEMPTS = 16  # lost compare-and-sets in a row before a recovery is left to the backstop
+RECOVERIES_CAP = 100_000
+
+# Delete field ARGV[1] of hash KEYS[1] if its value's version (the text before the first ':')
+# is ARGV[2] (mode "version", a worker's release) or the value is exactly ARGV[2] ("exact", a
+# reconciler's take). Returns 1 when it deleted.
+_RELEASE = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+if ARGV[3] == 'exact' then
+  if v ~= ARGV[2] then return 0 end
+elseif string.sub(v, 1, string.len(ARGV[2]) + 1) ~= ARGV[2] .. ':' then
+  return 0
+end
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+# Forget member ARGV[1] (set KEYS[1]) when its holdings hash KEYS[2] is empty.
+_FORGET = """
+if redis.call('HLEN', KEYS[2]) == 0 then return redis.call('SREM', KEYS[1], ARGV[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One turn a member holds: where the record was when its message was sent."""
+
+    tenant: str
+    trajectory_id: str
+    version: int
+    epoch: int
+    call_id: str
+    raw: str
+
+    @classmethod
+    def parse(cls, key: str, raw: str) -> Held:
+        tenant, _, tid = key.partition("/")
+        version, epoch, call_id = raw.split(":", 2)
+        return cls(tenant, tid, int(version), int(epoch), call_id, raw)
+
+
+class Holdings:
+    """Which member holds which turn (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.tag = f"{{{prefix}:held}}"
+        self.members_key = f"{self.tag}:members"
+        self.recoveries_key = f"{prefix}:fleet:recoveries"
+        self._release = client.register_script(_RELEASE)
+        self._forget = client.register_script(_FORGET)
+        self._pending: list[tuple[str, str, str]] = []
+
+    def key(self, member: str) -> str:
+        return f"{self.tag}:m:{member}"
+
+    # --- the router's side -------------------------------------------------------------------
+
+    def note(self, member: str, payload: dict[str, Any]) -> None:
+        """Buffer the holding of the turn message ``payload`` sent to ``member``."""
+        commands = payload.get("commands") or [{}]
+        call_id = str(commands[0].get("call_id", ""))
+        field_ = f"{payload['tenant']}/{payload['trajectory_id']}"
+        value = f"{int(payload['version'])}:{int(payload['epoch'])}:{call_id}"
+        self._pending.append((member, field_, value))
+
+    def flush(self) -> None:
+        """Write the buffered holdings (one round trip); call before the messages are sent."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for member, field_, value in pending:
+            pipe.hset(self.key(member), field_, value)
+        pipe.sadd(self.members_key, *{m for m, _, _ in pending})
+        pipe.execute()
+
+    def sending(self, inner: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
+        """A sender that records each holding, then sends through ``inner`` at once."""
+
+        def send(member: str, payload: dict[str, Any]) -> None:
+            self.note(member, payload)
+            self.flush()
+            inner(member, payload)
+
+        return send
+
+    def buffering(self, inner: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
+        """A sender that buffers each holding (:meth:`flush` before ``inner``'s own flush)."""
+
+        def send(member: str, payload: dict[str, Any]) -> None:
+            self.note(member, payload)
+            inner(member, payload)
+
+        return send
+
+    # --- the worker's side -------------------------------------------------------------------
+
+    def release(self, member: str, tenant: str, trajectory_id: str, version: int) -> bool:
+        """The turn sent at ``version`` ended on ``member`` (its notice is pushed)."""
+        args = [f"{tenant}/{trajectory_id}", str(version), "version"]
+        return bool(self._release(keys=[self.key(member)], args=args))
+
+    # --- the reconciler's side ---------------------------------------------------------------
+
+    def holders(self) -> set[str]:
+        raw = cast(set[bytes], self.client.smembers(self.members_key))
+        return {_text(m) for m in raw}
+
+    def held(self, member: str) -> list[Held]:
+        raw = cast(dict[bytes, bytes], self.client.hgetall(self.key(member)))
+        out = []
+        for k, v in raw.items():
+            try:
+                out.append(Held.parse(_text(k), _text(v)))
+            except ValueError:
+                log.warning("bad holding %r=%r of %s dropped", k, v, member)
+                self.client.hdel(self.key(member), k)
+        return sorted(out, key=lambda h: (h.tenant, h.trajectory_id))
+
+    def take(self, member: str, held: Held) -> bool:
+        """Claim the recovery of ``held``: True for exactly one caller."""
+        args = [f"{held.tenant}/{held.trajectory_id}", held.raw, "exact"]
+        return bool(self._release(keys=[self.key(member)], args=args))
+
+    def forget(self, member: str) -> bool:
+        """Drop ``member`` from the holders once it holds nothing."""
+        return bool(self._forget(keys=[self.members_key, self.key(member)], args=[member]))
+
+    def record_recoveries(self, entries: Sequence[dict[str, Any]]) -> None:
+        if entries:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.rpush(self.recoveries_key, *(json.dumps(e) for e in entries))
+            pipe.ltrim(self.recoveries_key, -RECOVERIES_CAP, -1)
+            pipe.execute()
+
+    def recoveries(self) -> list[dict[str, Any]]:
+        """Every recovery recorded, oldest first (the figure of time to recovery)."""
+        raw = cast(list[bytes], self.client.lrange(self.recoveries_key, 0, -1))
+        return [json.loads(r) for r in raw]
+
+    def redis_now(self) -> float:
+        seconds, micros = self.client.time()
+        return float(seconds) + micros / 1_000_000
+
+
+@dataclass
+class Reconciler:
+    """Recovers the turns of lapsed members (see the module docstring); one per router."""
+
+    api: RouterApi
+    membership: Membership
+    holdings: Holdings
+    ring: Callable[[], Ring]
+    by: str
+    backstop: StrandedTurns | None = None
+    recovered: int = 0
+    figures: list[float] = field(default_factory=list)  # seconds from last heartbeat
+
+    def tick(self) -> list[str]:
+        """One pass over the lapsed holders; returns the trajectories recovered."""
+        out = self._lapsed()
+        if self.backstop is not None:
+            out += self.backstop.sweep()
+        return out
+
+    def _lapsed(self) -> list[str]:
+        holders = self.holdings.holders()
+        if not holders:
+            return []
+        records = {r.name: r for r in self.membership.records()}
+        ring = self.ring()
+        on_ring = {m.name for m in ring.members}
+        # Lapsed (or gone) and already out of this router's ring, so a recovered turn is never
+        # placed on the dead member again; and some member must be left to take it.
+        dead = sorted(
+            m for m in holders if (m not in records or not records[m].live) and m not in on_ring
+        )
+        if not dead or not any(not m.draining for m in ring.members):
+            return []
+        out: list[str] = []
+        entries: list[dict[str, Any]] = []
+        for member in dead:
+            held = self.holdings.held(member)
+            if not held:
+                if member not in records:
+                    self.holdings.forget(member)
+                continue
+            rec = records.get(member)
+            last_beat = rec.heartbeat_at if rec is not None else -math.inf
+            for h in held:
+                if not self.holdings.take(member, h):
+                    continue  # another router took it
+                if not self._recover(h):
+                    continue
+                since = self.holdings.redis_now() - last_beat
+                out.append(h.trajectory_id)
+                entries.append(
+                    {
+                        "member": member,
+                        "tenant": h.tenant,
+                        "trajectory_id": h.trajectory_id,
+                        "since_heartbeat_s": round(since, 3) if math.isfinite(since) else None,
+                        "by": self.by,
+                    }
+                )
+                if math.isfinite(since):
+                    self.figures.append(since)
+        self.holdings.record_recoveries(entries)
+        self.recovered += len(out)
+        if out:
+            worst = max((e["since_heartbeat_s"] or 0.0) for e in entries)
+            log.warning(
+                "recovered %d turns of lapsed members %s (worst %.2fs after the last heartbeat)",
+                len(out),
+                dead,
+                worst,
+            )
+        return out
+
+    def _recover(self, h: Held) -> bool:
+        """``Recover`` by compare-and-set while the record is still in the sent turn."""
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                rec = self.api.store.load(h.tenant, h.trajectory_id)
+            except ReinsError as exc:
+                log.warning("cannot recover %s/%s: %s", h.tenant, h.trajectory_id, exc)
+                return False
+            if (
+                rec.state not in ACTING
+                or _sent_turn(rec, h.call_id) != rec.turn
+                or rec.control_epoch != h.epoch
+                or rec.record_version < h.version
+            ):
+                return False  # the turn moved on: nothing was stranded
+            try:
+                if self.api.recover(h.tenant, h.trajectory_id, rec.record_version, by=self.by):
+                    return True
+            except ReinsError as exc:
+                log.warning("recovery of %s/%s failed: %s", h.tenant, h.trajectory_id, exc)
+                return False
+        log.warning("recovery of %s/%s lost %d races", h.tenant, h.trajectory_id, MAX_ATTEMPTS)
+        return False
+
+
+def _sent_turn(rec: TrajectoryRecord, call_id: str) -> int | None:
+    """The turn that registered ``call_id`` (a model call's id names it; a tool's op holds it)."""
+    op = rec.operations.get(call_id)
+    if op is None:
+        return None
+    if op.kind is OpKind.MODEL:
+        _, _, n = call_id.rpartition("/m")
+        return int(n) if n.isdigit() else None
+    return op.turn
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
