@@ -57,10 +57,6 @@ class Amounts(BaseModel):
             dollars=self.dollars + other.dollars,
         )
 
-    def fits_within(self, other: Amounts) -> bool:
-        """True when every component is at most the other's."""
-        return all(self.get(d) <= other.get(d) for d in DIMENSIONS)
-
 
 NOTHING = Amounts()
 DIMENSIONS: tuple[Dimension, ...] = tuple(Dimension)

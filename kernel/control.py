@@ -15,7 +15,7 @@ from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
 from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue, ToolProgress
 from kernel.fold import refusal
-from kernel.lifecycle import Cause
+from kernel.lifecycle import Cause, clock_refusal
 from kernel.record import ApprovalStatus, ControlKind, OpStatus, PendingControl
 from kernel.states import LIVE, LifecycleState, StopReason
 from kernel.step import Turn
@@ -98,17 +98,15 @@ def _apply_control(turn: Turn, ev: ControlRequested) -> None:
     hold = PendingControl(
         kind=ev.kind, request_id=ev.request_id, requested_by=ev.requested_by, at=ev.now
     )
+    if ev.kind is ControlKind.PAUSE and rec.state is S.PAUSED:
+        turn.note = "already paused"  # a repeated pause is not a new control action
+        return
     turn.row(
         RowKind.CONTROL,
         outcome=ev.kind.value,
         detail={"request_id": ev.request_id, "by": ev.requested_by},
     )
     if ev.kind is ControlKind.PAUSE:
-        if rec.state is S.PAUSED:
-            turn.rows.pop()  # a repeated pause is not a new control action
-            rec.chain_length -= 1
-            turn.note = "already paused"
-            return
         rec.pending_control = hold
         _step_down(turn)
         turn.move(S.PAUSED, Cause.PAUSE)
@@ -179,11 +177,8 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
     if spec is None:  # pragma: no cover - the catalog is fixed for a run
         raise UnknownReference(f"tool {held.tool} is not in the catalog")
     fits = rec.ledger.fits(tool_call_liability(spec.liability or Decimal(0)))
-    clocks_ok = rec.active_s < rec.budget.deadline_s and (
-        ev.now - rec.submitted_at < rec.budget.wall_clock_s
-    )
-    target = str(held.args.get(spec.target_arg)) if spec.target_arg else None
-    granted = rec.grants.allows(spec.name, spec.kind.value == "write", target)
+    clocks_ok = clock_refusal(rec, ev.now) is None
+    granted = spec.permitted(rec.grants, held.args)
     capacity = turn.ctx.capacity(rec, spec, held.args) if turn.ctx.capacity else True
     if not (fits and clocks_ok and granted and capacity) or rec.pending_control is not None:
         # Table 8: the decision is good, admission is not: record it, keep the request held,

@@ -26,7 +26,7 @@ from kernel.progress import digest, fingerprint
 from kernel.record import HeldProposal, Operation, OpKind, OpStatus
 from kernel.states import LifecycleState, StopReason
 from kernel.step import MISFIT_STOP, Turn
-from kernel.tools import ToolKind, ToolSpec
+from kernel.tools import ToolSpec
 
 S = LifecycleState
 
@@ -188,8 +188,7 @@ def _on_tools(turn: Turn, calls: list[Any]) -> None:
             continue
         if not isinstance(plan_step, str) or not any(s.id == plan_step for s in rec.plan):
             plan_step = None
-        target = str(clean.get(spec.target_arg)) if spec.target_arg else None
-        if not rec.grants.allows(spec.name, spec.kind is ToolKind.WRITE, target):
+        if not spec.permitted(rec.grants, clean):
             turn.stop(StopReason.FAILED, f"policy denial: {spec.name} is not granted")
             return
         if spec.liability is None:

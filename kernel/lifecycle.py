@@ -90,12 +90,17 @@ def _all(*guards: Guard) -> Guard:
     return guard
 
 
-def _clocks(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
+def clock_refusal(rec: TrajectoryRecord, now: float) -> str | None:
+    """Why the active-time deadline or the wall-clock limit refuses new work, or None."""
     if rec.active_s >= rec.budget.deadline_s:
         return "active-time deadline has passed"
     if now - rec.submitted_at >= rec.budget.wall_clock_s:
         return "wall-clock limit has passed"
     return None
+
+
+def _clocks(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
+    return clock_refusal(rec, now)
 
 
 def _admission(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:

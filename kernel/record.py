@@ -12,7 +12,6 @@ schema version is refused on load, never coerced.
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
@@ -305,11 +304,3 @@ class TrajectoryRecord(BaseModel):
     def open_operations(self) -> list[Operation]:
         """Operations that still owe a settlement, in registration order."""
         return [op for op in self.operations.values() if op.open]
-
-    def settled_dollars(self) -> Decimal:
-        """Settled spend in dollars."""
-        return self.ledger.dollars.actual
-
-    def liability_outstanding(self) -> Amounts:
-        """The sum of outstanding reservations."""
-        return self.ledger.outstanding()

@@ -6,7 +6,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from kernel.plan import open_steps
 from kernel.record import PlanStep, TrajectoryRecord
 
 Estimator = Callable[[str], int]
@@ -87,8 +86,3 @@ def bound_result(
         else:
             summary[key] = {"omitted_tokens": estimator(json.dumps(value))}
     return {"handle": handle, "tokens": size, "summary": summary}
-
-
-def pending_steps_text(rec: TrajectoryRecord) -> list[str]:
-    """Ids of the plan steps still open, for observations."""
-    return open_steps(rec.plan)

@@ -78,11 +78,6 @@ class StepResult:
     note: str | None = None  # why nothing happened (duplicate, not admitted, ...)
     ack: dict[str, Any] | None = None  # a control request's milestones (received, stopped...)
 
-    @property
-    def changed(self) -> bool:
-        """True when the step produced a new version to commit."""
-        return bool(self.rows) or bool(self.commands) or self.quarantined is not None
-
 
 class Turn:
     """The mutable working state of one step: a private copy of the record plus outputs."""
@@ -322,10 +317,6 @@ def admit(turn: Turn) -> None:
         view = render(rec)  # the view now carries the escalation notice
         tokens_in = turn.ctx.estimator(view)
         liability = model_call_liability(turn.ctx.agent.model.price, tokens_in, cap)
-    misfit = led.first_misfit(liability)
-    if misfit is not None:
-        turn.stop(MISFIT_STOP[misfit])
-        return
     call_id = f"{rec.trajectory_id}/m{rec.turn + 1}"
     attempt = f"{call_id}/a1"
 
@@ -346,7 +337,7 @@ def admit(turn: Turn) -> None:
 
     try:
         transition(rec, S.CALLING_MODEL, turn.decide(Cause.ADMIT), turn.now, admit=register)
-    except AdmissionRefused as refused:  # pragma: no cover - first_misfit checked the same
+    except AdmissionRefused as refused:  # the budget clause of the admission check
         turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
         return
     turn.commands.append(

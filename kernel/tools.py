@@ -12,9 +12,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from kernel.record import Grants
 
 
 class ToolKind(StrEnum):
@@ -71,6 +74,11 @@ class ToolSpec:
             loc = ".".join(str(p) for p in first["loc"]) or "arguments"
             return None, f"{self.name}: {loc}: {first['msg']}"
         return parsed.model_dump(mode="json", exclude_none=True), None
+
+    def permitted(self, grants: Grants, args: Mapping[str, Any]) -> bool:
+        """True when the grants allow this call on the target its arguments name."""
+        target = str(args.get(self.target_arg)) if self.target_arg else None
+        return grants.allows(self.name, self.kind is ToolKind.WRITE, target)
 
     def json_schema(self) -> dict[str, Any]:
         """The argument schema, for a provider's tool format."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 
 import typer
 from rich.console import Console
@@ -25,7 +26,8 @@ def bench_cmd(
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
-    with console.status(f"running bench {name} ...", spinner="dots") if not as_json else _null():
+    progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
+    with progress:
         result = run(quick=quick)
     if as_json:
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
@@ -36,14 +38,6 @@ def bench_cmd(
     for key, value in result.items():
         table.add_row(key, f"{value:,.4g}" if isinstance(value, float) else str(value))
     console.print(table)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _register_subcommands() -> None:

@@ -23,15 +23,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from kernel.errors import ConfigError, StoreError, StoreUnavailable
 from router.gates import Clock, Feedback, GateConfig, GateReading, ProviderGates
+from store.redis_store import TRANSIENT, retry_transient
 
-TRANSIENT = (RedisConnectionError, RedisTimeoutError)
 _LUA = Path(__file__).parent / "lua"
 _T = TypeVar("_T")
 
@@ -83,20 +80,10 @@ class LuaScript:
             return self._execute("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def _retrying(self, fn: Callable[[], _T]) -> _T:
-        try:
-            retrying = Retrying(
-                stop=stop_after_attempt(self._attempts - 1),
-                wait=wait_exponential_jitter(multiplier=0.005, max=0.5, jitter=0.005),
-                retry=retry_if_exception_type(TRANSIENT),
-                reraise=True,
-            )
-            return retrying(fn)
-        except TRANSIENT as exc:
-            raise StoreUnavailable(
-                f"{self._name}: Redis unreachable after {self._attempts} attempts ({exc})"
-            ) from exc
-        except RedisError as exc:
-            raise StoreError(f"{self._name}: {exc}") from exc
+        # the first attempt already failed in __call__
+        return retry_transient(
+            fn, what=self._name, attempts=self._attempts - 1, counted=self._attempts
+        )
 
 
 def reading_from(route: str, reply: Sequence[Any]) -> GateReading:

@@ -92,6 +92,29 @@ from store.base import (
 )
 
 TRANSIENT = (RedisConnectionError, RedisTimeoutError)
+_T = TypeVar("_T")
+
+
+def retry_transient(fn: Callable[[], _T], *, what: str, attempts: int, counted: int) -> _T:
+    """Run ``fn``, retrying transient Redis errors up to ``attempts`` times with jittered
+    backoff; then raise :class:`StoreUnavailable` (saying ``counted`` attempts were made), and
+    turn any other Redis error into :class:`StoreError`. Callers retry only what is safe to
+    repeat (reads, and scripts that recognise their own repeat)."""
+    try:
+        retrying = Retrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential_jitter(multiplier=0.005, max=0.5, jitter=0.005),
+            retry=retry_if_exception_type(TRANSIENT),
+            reraise=True,
+        )
+        return retrying(fn)
+    except TRANSIENT as exc:
+        raise StoreUnavailable(
+            f"{what}: Redis unreachable after {counted} attempts ({exc})"
+        ) from exc
+    except RedisError as exc:
+        raise StoreError(f"{what}: {exc}") from exc
+
 
 # The index score of each state. Fixed here, never derived from the enum's order: a stored
 # index must keep its meaning when the enum changes. A state missing here fails at import.
@@ -111,7 +134,6 @@ if set(STATE_CODES) != set(LifecycleState):
 _CODE_OF = {state.value: code for state, code in STATE_CODES.items()}
 _SNAP_SUFFIX = "}:snap"
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
-_T = TypeVar("_T")
 
 
 def _load_script(name: str) -> str:
@@ -190,22 +212,9 @@ class RedisStore(TrajectoryStore):
         ``first_failed``: the caller's first attempt already failed, so one fewer remains.
         """
         attempts = self._attempts - 1 if first_failed else self._attempts
-        try:
-            if attempts < 1:
-                raise RedisConnectionError("no attempts left")
-            retrying = Retrying(
-                stop=stop_after_attempt(attempts),
-                wait=wait_exponential_jitter(multiplier=0.005, max=0.5, jitter=0.005),
-                retry=retry_if_exception_type(TRANSIENT),
-                reraise=True,
-            )
-            return retrying(fn)
-        except TRANSIENT as exc:
-            raise StoreUnavailable(
-                f"{what}: Redis unreachable after {self._attempts} attempts ({exc})"
-            ) from exc
-        except RedisError as exc:
-            raise StoreError(f"{what}: {exc}") from exc
+        if attempts < 1:
+            raise StoreUnavailable(f"{what}: Redis unreachable after {self._attempts} attempts")
+        return retry_transient(fn, what=what, attempts=attempts, counted=self._attempts)
 
     def _read(self, what: str, fn: Callable[[], _T]) -> _T:
         """A read: one plain try on the hot path, then bounded retries."""

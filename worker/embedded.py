@@ -28,7 +28,6 @@ from kernel.events import (
     ToolResulted,
 )
 from kernel.record import TrajectoryRecord
-from kernel.states import TERMINAL
 from kernel.step import KernelContext, StepResult, step
 from worker.backend import ToolBackend
 from worker.models import Model
@@ -117,15 +116,19 @@ class EmbeddedRunner:
             reply = self.model.call(cmd.view, cmd.max_output_tokens, cmd.timeout_s)
             self.clock.advance(reply.latency_s)
             return reply.replied(cmd.call_id, self.clock.now())
-        if isinstance(cmd, DispatchTool):
-            result, secs = self.backend.call(
-                rec.user,
-                cmd.tool,
-                cmd.args,
-                cmd.idempotency_key,
-                cmd.timeout_s,
-                approval=cmd.approval_digest,
-            )
+        if isinstance(cmd, DispatchTool | LookupEffect):
+            looked_up = isinstance(cmd, LookupEffect)
+            if isinstance(cmd, LookupEffect):
+                result, secs = self.backend.lookup(cmd.tool, cmd.idempotency_key)
+            else:
+                result, secs = self.backend.call(
+                    rec.user,
+                    cmd.tool,
+                    cmd.args,
+                    cmd.idempotency_key,
+                    cmd.timeout_s,
+                    approval=cmd.approval_digest,
+                )
             self.clock.advance(secs)
             return ToolResulted(
                 now=self.clock.now(),
@@ -133,17 +136,7 @@ class EmbeddedRunner:
                 attempt_id=cmd.attempt_id,
                 result=result,
                 latency_s=secs,
-            )
-        if isinstance(cmd, LookupEffect):
-            result, secs = self.backend.lookup(cmd.tool, cmd.idempotency_key)
-            self.clock.advance(secs)
-            return ToolResulted(
-                now=self.clock.now(),
-                call_id=cmd.call_id,
-                attempt_id=cmd.attempt_id,
-                result=result,
-                latency_s=secs,
-                looked_up=True,
+                looked_up=looked_up,
             )
         if isinstance(cmd, Enqueue):
             return Admit(now=self.clock.now())
@@ -171,8 +164,3 @@ class EmbeddedRunner:
             approve=approve,
         )
         return self.run(rec, decision)
-
-
-def is_over(rec: TrajectoryRecord) -> bool:
-    """True once the trajectory is in a terminal state."""
-    return rec.state in TERMINAL

@@ -11,7 +11,6 @@ support store's Redis state, across every worker).
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +22,7 @@ from kernel.errors import UnknownAgent
 from kernel.events import ReplyStatus
 from kernel.step import KernelContext
 from kernel.tools import ToolSpec
-from worker.agents import AgentModule, load_agent
+from worker.agents import AgentModule, load_agent, resolve
 from worker.backend import ToolBackend
 from worker.models import ModelReply, ScriptedModel
 from worker.providers import make_model, with_model
@@ -35,17 +34,11 @@ BackendFactory = Callable[[AgentModule, str], ToolBackend]
 
 def load_factory(ref: str) -> Callable[..., Any]:
     """Import ``MODULE:NAME`` and return the callable it names; refuse anything else."""
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise UnknownAgent(f"factory reference {ref!r} must look like MODULE:NAME")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise UnknownAgent(f"module {module_name!r} cannot be imported: {exc}") from None
-    found: Callable[..., Any] | None = getattr(module, attr, None)
+    module_name, attr, found = resolve(ref, "factory")
     if not callable(found):
         raise UnknownAgent(f"{module_name} has no callable named {attr!r}")
-    return found
+    factory: Callable[..., Any] = found
+    return factory
 
 
 class AgentCache:
