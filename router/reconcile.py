@@ -27,10 +27,12 @@ the trajectory by compare-and-set, reloading on a lost race, while the record is
 turn that was sent: acting (CALLING_MODEL or WAITING_TOOL), in the turn that registered the
 sent call, at the control epoch it was sent under, at or past the version it was sent at.
 Otherwise the turn had moved on (its notice was pushed, its release was lost) and nothing is
-done. ``Recover`` keeps a maybe-sent model call's reservation and returns the turn to READY
-(requeued, so it is admitted to a live member); a maybe-sent write is resolved as its tool
-declares, its lookup sent to a live member. A message of the dead member that the broker
-redelivers later is stale by then and does nothing (:mod:`worker.turn`).
+done, except that a record found READY is queued again: its member may have died between the
+READY commit and the notice, and a duplicate queue entry is refused. ``Recover`` keeps a
+maybe-sent model call's reservation and returns the turn to READY (requeued, so it is admitted
+to a live member); a maybe-sent write is resolved as its tool declares, its lookup sent to a
+live member. A message of the dead member that the broker redelivers later is stale by then
+and does nothing (:mod:`worker.turn`).
 
 A member is only reconciled once it is out of this router's ring (rebuilt just before, in the
 same tick), so a recovered turn is never placed on the dead member again; and while no live
@@ -52,6 +54,7 @@ import redis
 
 from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
+from kernel.states import LifecycleState
 from router.membership import Membership
 from router.ring import Ring
 from router.stranded import ACTING, StrandedTurns
@@ -285,6 +288,11 @@ class Reconciler:
                 rec = self.api.store.load(h.tenant, h.trajectory_id)
             except ReinsError as exc:
                 log.warning("cannot recover %s/%s: %s", h.tenant, h.trajectory_id, exc)
+                return False
+            if rec.state is LifecycleState.READY:
+                # The turn ended READY; its notice may have died with the member (killed between
+                # the commit and the push). Queue it again: a duplicate entry is refused.
+                self.api.requeue(rec)
                 return False
             if (
                 rec.state not in ACTING

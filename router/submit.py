@@ -294,6 +294,14 @@ class RouterApi:
         self._carry_out(result)
         return True
 
+    def requeue(self, rec: TrajectoryRecord) -> None:
+        """Put a READY record in its tenant's queue again (its notice may have been lost with
+        the worker that pushed it); a record already queued is left as it is."""
+        if rec.state is not LifecycleState.READY:
+            raise InvalidInput(f"{rec.trajectory_id} is {rec.state.value}, not READY")
+        model = self.agents.get(rec.agent)[0].profile.model
+        self._queue(rec, self._route(route_of(model.provider, model.name)), None)
+
     def _carry_out(self, result: StepResult) -> None:
         rec, now = result.record, self.clock()
         for cmd in result.commands:
@@ -301,9 +309,7 @@ class RouterApi:
                 heard = self.feed.publish_cancel(rec.tenant, rec.trajectory_id, cmd.call_id)
                 log.info("cancel of %s published to %d listeners", cmd.call_id, heard)
             elif isinstance(cmd, Enqueue):
-                agent = self.agents.get(rec.agent)[0]
-                model = agent.profile.model
-                self._queue(rec, self._route(route_of(model.provider, model.name)), None)
+                self.requeue(rec)
             elif isinstance(cmd, HoldForApproval | Finish):
                 log.info("%s: %s", rec.trajectory_id, cmd.type)
         if rec.state is not LifecycleState.READY and self.admitter is not None:

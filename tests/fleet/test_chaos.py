@@ -14,7 +14,6 @@ worker's last heartbeat to a recovery is printed (a figure, not asserted).
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -38,16 +37,7 @@ from tests.fleet.processes import (
     wait_all_ended,
 )
 
-pytestmark = [
-    pytest.mark.redis,
-    pytest.mark.slow,
-    # Opt-in until an intermittent hang is understood: once in 7 runs, inside a loaded full
-    # fleet run, a trajectory did not end within the test's bound after the recovery. Run it
-    # with REINS_CHAOS=1; it passed every standalone run so far.
-    pytest.mark.skipif(
-        os.environ.get("REINS_CHAOS") != "1", reason="opt-in chaos run: set REINS_CHAOS=1"
-    ),
-]
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 TRAJECTORIES = 150
 IN_FLIGHT_AT_KILL = 50
 CHAOS_ENV = {

@@ -177,6 +177,43 @@ def test_a_holding_whose_turn_moved_on_is_dropped_without_a_recovery(
     assert holdings.recoveries() == []
 
 
+def test_a_turn_that_ended_ready_whose_notice_died_with_its_member_is_queued_again(
+    inproc: InProcessFleet,
+) -> None:
+    """The member committed READY and was killed before it pushed the notice: without the
+    reconciler nothing would ever queue the trajectory again."""
+    holdings = inproc.service.holdings
+    oid = seed_orders(inproc.client, inproc.prefix, 450, 1)[0]
+    tid = inproc.api.submit("acme", refund_job(oid)).trajectory_id
+    inproc.cycle()
+    (msg,) = inproc.take()
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*_: Any) -> None:
+        raise Killed
+
+    w1 = runner_of(inproc, "w1")
+    w1.feed = type("DeadFeed", (), {"push": staticmethod(killed)})()  # type: ignore[assignment]
+    with pytest.raises(Killed):
+        w1.run(msg)
+    before = inproc.load("acme", tid)
+    assert before.state is S.READY and held_ids(holdings, "w1") == {tid}
+    inproc.cycle()
+    assert inproc.take() == [], "no notice: nothing queued it"
+
+    Membership(inproc.client, inproc.prefix).register("w2")
+    lapse(inproc.client, inproc.prefix, "w1")
+    inproc.service.replica.refresh()
+    assert inproc.service.reconciler.tick() == [], "not a recovery: the record is left as it is"
+    assert inproc.load("acme", tid) == before and holdings.held("w1") == []
+    inproc.cycle()
+    assert [m for m, _ in inproc.sent] == ["w2"], "admitted again, on the live member"
+    (nxt,) = inproc.take()
+    assert (nxt.trajectory_id, nxt.version) == (tid, before.record_version + 1)
+
+
 def test_a_lapsed_member_still_on_this_routers_ring_is_not_reconciled_yet(
     inproc: InProcessFleet,
 ) -> None:
