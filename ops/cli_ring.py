@@ -2,7 +2,9 @@
 
 Reads the membership from the Redis named by ``REINS_REDIS_URL`` under ``REINS_KEY_PREFIX``, and
 builds the ring exactly as every router replica does, so the fingerprint shown here is the one
-each live replica should be publishing.
+each live replica should be publishing. ``show`` also reads the reconciler's holdings and
+recoveries (:mod:`router.reconcile`), so a dead or removed worker stays visible with the turns it
+still holds and those recovered from it (:mod:`ops.ring_view`). ``show`` writes nothing.
 """
 
 from __future__ import annotations
@@ -13,16 +15,20 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import redis
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from kernel.errors import RingError, StoreError
+from kernel.errors import RingError, StoreError, UnknownMember
 from kernel.settings import Settings
-from router.membership import MemberRecord, Membership
-from router.ring import Ring, points_for
+from ops.ring_view import MemberRow, Recovery, ShownState, member_rows
+from router.membership import DrainStatus, Membership
+from router.reconcile import Holdings
 
 ring_app = typer.Typer(
     no_args_is_help=True,
@@ -35,55 +41,61 @@ _POLL_S = 0.2  # how often `drain --wait` re-reads the replicas' reports
 
 
 @contextmanager
-def _membership() -> Iterator[Membership]:
-    """A membership on the configured Redis; Redis failures become one StoreError line."""
+def _redis() -> Iterator[tuple[Settings, redis.Redis]]:
+    """The configured Redis; Redis failures become one StoreError line."""
     settings = Settings.from_env(os.environ)
     client = redis.Redis.from_url(settings.redis_url)
     try:
-        yield Membership(
-            client, settings.key_prefix, heartbeat_timeout_s=settings.heartbeat_timeout_s
-        )
+        yield settings, client
     except redis.RedisError as exc:
         raise StoreError(f"Redis at {settings.redis_url}: {exc}") from None
     finally:
         client.close()
 
 
+def _membership_on(settings: Settings, client: redis.Redis) -> Membership:
+    return Membership(client, settings.key_prefix, heartbeat_timeout_s=settings.heartbeat_timeout_s)
+
+
+@contextmanager
+def _membership() -> Iterator[Membership]:
+    """A membership on the configured Redis; Redis failures become one StoreError line."""
+    with _redis() as (settings, client):
+        yield _membership_on(settings, client)
+
+
 @ring_app.command("show")
 def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Members (weight, state, points, share of new placements), fingerprint, replicas."""
-    with _membership() as membership:
+    """Members (state, points, share, turns held and recovered), fingerprint, replicas."""
+    with _redis() as (settings, client):
+        membership = _membership_on(settings, client)
+        holdings = Holdings(client, settings.key_prefix)
         records = membership.records()
         ring = membership.build_ring()
         replicas = membership.replicas()
-    shares = ring.shares()
+        drains = _drain_statuses(membership, [r.name for r in records if r.draining])
+        held = _held_counts(holdings)
+        recoveries = _recoveries(holdings)
+        rows = member_rows(records, ring, drains, held, recoveries, holdings.redis_now())
     if as_json:
         view = {
             "fingerprint": ring.fingerprint,
             "points": ring.point_count,
-            "members": [
-                {
-                    "name": r.name,
-                    "weight": r.weight,
-                    "state": _state(r),
-                    "share": shares.get(r.name, 0.0),
-                }
-                for r in records
-            ],
+            "members": [row.as_json() for row in rows],
             "replicas": [
                 {"id": p.replica_id, "fingerprint": p.fingerprint, "live": p.live} for p in replicas
             ],
         }
         sys.stdout.write(json.dumps(view, sort_keys=True) + "\n")
         return
-    console.print(_members_table(records, ring, shares))
+    console.print(_members_table(rows))
     console.print(f"ring fingerprint [bold]{ring.fingerprint}[/] ({ring.point_count:,} points)")
     if not replicas:
         console.print("no router replica has published a ring")
         return
-    table = Table(title="router replicas")
+    table = _table("router replicas")
     for column in ("replica", "fingerprint", "agrees", "live"):
         table.add_column(column)
     for report in replicas:
@@ -140,29 +152,70 @@ def remove_cmd(
     console.print(f"{name} removed from the ring")
 
 
-def _members_table(
-    records: tuple[MemberRecord, ...], ring: Ring, shares: dict[str, float]
-) -> Table:
-    table = Table(title="ring members")
+_STYLES = {
+    ShownState.ACTIVE: "green",
+    ShownState.DRAINING: "yellow",
+    ShownState.DEAD: "bold red",
+    ShownState.GONE: "dim",
+}
+
+
+def _table(title: str) -> Table:
+    # No outer edge: the members table has eight columns and should still read at 80 columns.
+    return Table(title=title, box=box.MINIMAL_HEAVY_HEAD, show_edge=False, pad_edge=False)
+
+
+def _members_table(rows: list[MemberRow]) -> Table:
+    table = _table("ring members")
     table.add_column("member")
     table.add_column("weight", justify="right")
     table.add_column("state")
     table.add_column("points", justify="right")
     table.add_column("share", justify="right")
-    for record in records:
-        in_ring = record.name in ring
+    table.add_column("held", justify="right")
+    table.add_column("recovered", justify="right")
+    table.add_column("worst", justify="right")  # last heartbeat to a recovery, worst case
+    for row in rows:
+        placed = row.points > 0
         table.add_row(
-            record.name,
-            f"{record.weight:g}",
-            _state(record),
-            f"{points_for(record.weight, ring.points_per_weight):,}" if in_ring else "-",
-            f"{shares[record.name]:.2%}" if in_ring else "-",
+            Text(row.name),
+            "-" if row.weight is None else f"{row.weight:g}",
+            Text(row.describe(), style=_STYLES[row.state]),
+            f"{row.points:,}" if placed else "-",
+            f"{row.share:.2%}" if placed else "-",
+            str(row.held),
+            str(row.recovered),
+            "-" if row.worst_recovery_s is None else f"{row.worst_recovery_s:.2f}s",
         )
-    if not records:
+    if not rows:
         table.caption = "no members registered"
+    elif any(row.recovered for row in rows):
+        table.caption = "worst: seconds from the member's last heartbeat to a recovery"
     return table
 
 
-def _state(record: MemberRecord) -> str:
-    state = "draining" if record.draining else "active"
-    return state if record.live else f"lapsed ({state})"
+def _drain_statuses(membership: Membership, names: list[str]) -> dict[str, DrainStatus]:
+    statuses = {}
+    for name in names:
+        try:
+            statuses[name] = membership.drain_status(name)
+        except UnknownMember:
+            continue  # removed since the records were read: shown without its drain status
+    return statuses
+
+
+def _held_counts(holdings: Holdings) -> dict[str, int]:
+    """Turns each holder holds now, read only (``Holdings.held`` drops bad entries it meets)."""
+    holders = sorted(holdings.holders())
+    pipe = holdings.client.pipeline(transaction=False)
+    for member in holders:
+        pipe.hlen(holdings.key(member))
+    return dict(zip(holders, cast(list[int], pipe.execute()), strict=True))
+
+
+def _recoveries(holdings: Holdings) -> list[Recovery]:
+    """The recorded recoveries; a corrupt entry is reported, not skipped."""
+    try:
+        return [Recovery.parse(entry) for entry in holdings.recoveries()]
+    except ValueError as exc:
+        raise StoreError(f"{holdings.recoveries_key}: {exc}") from None

@@ -8,6 +8,9 @@ operation, so the layout also fits Redis Cluster):
 ``P:fleet:ready``         list      :class:`Notice` values, oldest first (RPUSH / LPOP): a
                                     trajectory is READY (submitted, or its turn ended so), or a
                                     turn ended otherwise (held, finished, idle)
+``P:fleet:handback``      list      :class:`HandBack` values: turn messages a member gave back
+                                    unstarted (its drain grace ran out, or it cannot read the
+                                    record); a router sends each on to another member
 ``P:fleet:cancel``        channel   pub/sub: model call ids to cancel at once (``CancelCall``)
 ``P:fleet:admissions``    list      one JSON entry per admission, for the fairness figures
 ``P:fleet:starts``        list      admission-to-start delays (ms) that workers report
@@ -18,7 +21,8 @@ operation, so the layout also fits Redis Cluster):
 Contracts:
 
 * Every turn message a worker takes ends in exactly one notice (the worker pushes it even when
-  it ignores the message), so a router can release what it holds for the turn (a gate lease).
+  it ignores the message), so a router can release what it holds for the turn (a gate lease),
+  or in one hand-back: the message, unstarted, goes on to another member with its gate lease.
 * A notice is a hint, never the truth: a router re-reads the record before it acts on one, so
   a duplicate or stale notice costs a load and changes nothing.
 * A cancel is best effort (pub/sub is fire and forget). Correctness never depends on it: the
@@ -28,6 +32,7 @@ Contracts:
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +54,7 @@ _COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
 }
 #: Commands a turn message may carry: the ones a worker carries out against the world.
 WorkerCommand = CallModel | DispatchTool | LookupEffect
+log = logging.getLogger("reins.router.feed")
 STATS_CAP = 200_000  # the most entries the admissions and starts lists keep
 
 
@@ -151,6 +157,7 @@ class TurnMessage:
     sent_by: str = ""
     lease: str = ""  # the gate lease taken at admission, handed back in the turn's notice
     route: str = ""
+    refused_by: tuple[str, ...] = ()  # members that handed it back unable to read the record
 
     @property
     def call_id(self) -> str:
@@ -172,6 +179,7 @@ class TurnMessage:
             "sent_by": self.sent_by,
             "lease": self.lease,
             "route": self.route,
+            "refused_by": list(self.refused_by),
         }
 
     @classmethod
@@ -191,9 +199,44 @@ class TurnMessage:
                 sent_by=str(payload.get("sent_by", "")),
                 lease=str(payload.get("lease", "")),
                 route=str(payload.get("route", "")),
+                refused_by=tuple(str(m) for m in payload.get("refused_by", ())),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise InvalidInput(f"malformed turn message: {exc}") from None
+
+
+class HandBackWhy(StrEnum):
+    """Why a member gave a turn message back without starting it."""
+
+    DRAINING = "draining"  # its drain grace ran out before it could start the turn
+    SCHEMA = "schema"  # it cannot read the record (written by a newer build)
+
+
+@dataclass(frozen=True, slots=True)
+class HandBack:
+    """A turn message a member gave back unstarted; a router sends it on to another member
+    under the same call ids (nothing of it was carried out)."""
+
+    member: str
+    why: HandBackWhy
+    message: TurnMessage
+
+    def encode(self) -> bytes:
+        body = {"member": self.member, "why": self.why.value, "message": self.message.to_payload()}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> HandBack:
+        """Parse a stored hand-back; raise :class:`InvalidInput` for anything malformed."""
+        try:
+            body = json.loads(raw)
+            return cls(
+                str(body["member"]),
+                HandBackWhy(body["why"]),
+                TurnMessage.from_payload(body["message"]),
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidInput(f"malformed hand-back {raw!r}: {exc}") from None
 
 
 def worker_commands(commands: Sequence[Command]) -> tuple[WorkerCommand, ...]:
@@ -210,6 +253,7 @@ class Feed:
         self.cancel_channel = f"{prefix}:fleet:cancel"
         self.admissions_key = f"{prefix}:fleet:admissions"
         self.starts_key = f"{prefix}:fleet:starts"
+        self.handback_key = f"{prefix}:fleet:handback"
         self.lease_key = f"{prefix}:fleet:admitter"
 
     # --- notices -------------------------------------------------------------------------------
@@ -238,6 +282,23 @@ class Feed:
         """How many notices wait."""
         waiting: Any = self.client.llen(self.ready_key)
         return int(waiting)
+
+    def hand_back(self, *entries: HandBack) -> None:
+        """Give turn messages back for a router to send on (one round trip)."""
+        if entries:
+            self.client.rpush(self.handback_key, *(e.encode() for e in entries))
+
+    def take_handbacks(self, limit: int = 256) -> list[HandBack]:
+        """Take up to ``limit`` hand-backs, oldest first; each goes to exactly one caller. A
+        malformed entry (not one a worker wrote) is dropped and logged."""
+        raw = cast(list[bytes] | None, self.client.lpop(self.handback_key, limit)) or []
+        out = []
+        for item in raw:
+            try:
+                out.append(HandBack.decode(item))
+            except InvalidInput as exc:
+                log.warning("%s", exc)
+        return out
 
     # --- cancels -------------------------------------------------------------------------------
 

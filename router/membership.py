@@ -232,6 +232,10 @@ class Membership:
             reports.append(report)
         return tuple(reports)
 
+    def is_draining(self, name: str) -> bool:
+        """Whether ``name`` carries the drain flag (False for an unknown member)."""
+        return bool(self._client.hexists(self.members_key, _DRAIN + check_name(name)))
+
     def drain_status(self, name: str) -> DrainStatus:
         """Whether the drain of ``name`` has reached every live replica (module contract)."""
         check_name(name)

@@ -237,6 +237,25 @@ class Ring:
             owner = self._resolve(position)
         return owner
 
+    def lookup_excluding(self, key: str, exclude: frozenset[str]) -> str:
+        """The first member clockwise from ``key`` that may take new work and is not in
+        ``exclude`` (members that handed the key's turn back); raises EmptyRing if none.
+
+        With nothing excluded this is :meth:`lookup`; otherwise it walks the points (a rare
+        path: a turn handed back because its member cannot read the record)."""
+        if not exclude:
+            return self.lookup(key)
+        if not self._eligible:
+            raise EmptyRing(self._why_empty())
+        start = bisect.bisect_left(self._positions, xxh64_intdigest(key.encode()))
+        count = len(self._positions)
+        for i in range(start, start + count):
+            owner = self._owners[i % count]
+            if owner not in exclude:
+                return owner
+        excluded = ", ".join(sorted(exclude))
+        raise EmptyRing(f"every member that may take new work is excluded ({excluded})")
+
     def _resolve(self, position: int) -> str:
         """Slow path: the bucket holds points (or the ring cannot place anything)."""
         if not self._eligible:

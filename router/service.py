@@ -5,10 +5,12 @@ feed and the admitter; the tenant and gate configurations from files; a Celery a
 sends. Then, until SIGTERM:
 
 * every ``REINS_HEARTBEAT_INTERVAL_S / 2``, a *tick*: rebuild the ring if the membership
-  changed and publish it (so drains are acknowledged), reconcile lapsed claims, recover the
-  turns held by a member whose heartbeat lapsed (:mod:`router.reconcile`; every turn message
-  sent is recorded in its member's holdings first), and, as a slow backstop, turns stranded
-  with no holding (:mod:`router.stranded`);
+  changed and publish it (so drains are acknowledged), send the turns members handed back
+  unstarted on to another member (a drain that ran out of grace, a record of a newer schema:
+  :class:`router.feed.HandBack`), reconcile lapsed claims, recover the turns held by a
+  member whose heartbeat lapsed (:mod:`router.reconcile`; every turn message sent is
+  recorded in its member's holdings first), and, as a slow backstop, turns stranded with no
+  holding (:mod:`router.stranded`);
 * otherwise a *cycle*: take notices from the feed, settle and requeue, admit what fits.
 
 Two router processes run side by side. With the shared admitter (``--admitter redis``, the
@@ -31,19 +33,19 @@ import signal
 import threading
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from kernel.errors import ConfigError, ReinsError
+from kernel.errors import ConfigError, EmptyRing, ReinsError
 from kernel.settings import Settings
 from kernel.states import LifecycleState
 from router.admitter import Admitter
-from router.dispatch import Dispatcher, Sender
-from router.feed import Feed, ready_notice, route_of
+from router.dispatch import Dispatcher, Sender, placement_key
+from router.feed import Feed, HandBackWhy, ready_notice, route_of
 from router.fifo import FifoAdmitter
 from router.gates import GateConfig, MemoryGates
 from router.membership import Membership, ReplicaRing
@@ -218,6 +220,7 @@ class RouterService:
         the admission figures gathered since the last tick."""
         self.dispatcher.flush()
         self.replica.refresh()
+        self.send_on_handbacks()
         self.reconciler.tick()  # lapsed members' turns, then the stranded-turn backstop
         if self.shared:
             admitter: Any = self.dispatcher.admitter
@@ -226,6 +229,45 @@ class RouterService:
                 log.info("reconciled claims: %s requeued, %s dropped", done.requeued, done.dropped)
         else:
             self._hold_lease()
+
+    def send_on_handbacks(self) -> int:
+        """Send the turns members gave back unstarted on to another member, under the same
+        call ids and gate lease; returns how many went. One that no member on the ring may take
+        now waits for the next tick (with its refusals forgotten: the fleet may have changed)."""
+        entries = self.feed.take_handbacks(self.options.batch)
+        if not entries:
+            return 0
+        ring, waiting, sent = self.replica.ring, [], 0
+        for back in entries:
+            msg = back.message
+            exclude = frozenset(msg.refused_by)
+            if back.why is HandBackWhy.DRAINING:
+                exclude |= {back.member}
+            try:
+                member = ring.lookup_excluding(
+                    placement_key(msg.tenant, msg.trajectory_id), exclude
+                )
+            except EmptyRing as exc:
+                log.warning(
+                    "turn of %s handed back by %s waits: %s", msg.trajectory_id, back.member, exc
+                )
+                waiting.append(replace(back, message=replace(msg, refused_by=())))
+                continue
+            self.sender(member, msg.to_payload())
+            sent += 1
+            log.info(
+                "turn of %s (v%d) handed back by %s (%s) sent on to %s",
+                msg.trajectory_id,
+                msg.version,
+                back.member,
+                back.why.value,
+                member,
+            )
+        self.holdings.flush()  # register before send
+        if self._batch is not None:
+            self._batch.flush()
+        self.feed.hand_back(*waiting)
+        return sent
 
     def cycle(self, block_s: float = 0.0) -> bool:
         """Take notices (waiting up to ``block_s`` for the first) and admit what fits.

@@ -23,6 +23,8 @@ Each worker consumes one queue, named after its ring member (:func:`queue_for`).
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -122,6 +124,33 @@ def send_turn(app: Celery, member: str, payload: dict[str, Any]) -> None:
 def send_noop(app: Celery, member: str) -> None:
     """Send one no-op task to ``member``'s queue."""
     app.send_task(NOOP_TASK, queue=queue_for(member))
+
+
+def take_queued_turns(client: Any, settings: Settings, member: str, limit: int) -> list[Any]:
+    """Take up to ``limit`` turn payloads still waiting in ``member``'s queue, oldest first,
+    out of the broker (a drain whose grace ran out hands them back instead of running them).
+
+    Reads kombu's Redis layout: a list per queue, pushed on the left and consumed from the
+    right, each entry a JSON envelope whose body is the base64 JSON of ``[args, kwargs, _]``.
+    An entry that is not a turn message is put back where it was, and taking stops there, so
+    the consumer gets it as it would have.
+    """
+    key = broker_keyprefix(settings) + queue_for(member)
+    out: list[Any] = []
+    while len(out) < limit:
+        raw = client.rpop(key)
+        if raw is None:
+            break
+        try:
+            envelope = json.loads(raw)
+            if envelope.get("headers", {}).get("task") != TURN_TASK:
+                raise ValueError("not a turn message")
+            args = json.loads(base64.b64decode(envelope["body"]))[0]
+            out.append(args[0])
+        except (ValueError, KeyError, IndexError, TypeError):
+            client.rpush(key, raw)  # back at the consuming end, untouched
+            break
+    return out
 
 
 class BatchSender:

@@ -9,11 +9,20 @@
    membership, heartbeat every ``REINS_HEARTBEAT_INTERVAL_S`` (each beat also reports the
    admission-to-start delays measured since the last), and listen on the cancel channel so a
    ``CancelCall`` from any router stops a stream this worker holds at once.
-3. **SIGTERM** (a basic drain; issue 12 deepens it): flag the member draining so routers stop
-   placing turns here, keep consuming until every live router acknowledged the drain and this
-   member's queue is empty (at most ``REINS_DRAIN_GRACE_S``), then Celery's warm shutdown
-   finishes the turns in flight; finally deregister. Turns still queued when the grace runs
-   out stay in the queue for the reconciler (issue 12); nothing is lost from the store.
+3. **SIGTERM**, or ``reins ring drain NAME`` (the heartbeat sees the flag and raises the same
+   SIGTERM): flag the member draining so routers stop placing turns here; keep consuming and
+   carrying turns out until every live router has acknowledged the drain, the queue is empty
+   and no turn runs (at most ``REINS_DRAIN_GRACE_S``). If the grace runs out first, every
+   message still in the queue is taken out of the broker and *handed back* unstarted
+   (:class:`router.feed.HandBack`; a router sends it on to another member under the same call
+   ids), and so is any the consumer takes from then on. Then Celery's warm shutdown lets the
+   turns already running finish, and the member deregisters; exit 0. A turn that cannot
+   finish (the process is killed past its grace) is recovered by the routers' reconciler from
+   the holdings, as after a crash.
+
+   A turn message sent after the drain was acknowledged breaks the drain's promise; the worker
+   still carries it out, and logs it as an error (``sent after the drain was acknowledged``),
+   which the rolling-drain test looks for.
 """
 
 from __future__ import annotations
@@ -25,26 +34,28 @@ import signal
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from kernel.errors import UnknownMember
+from kernel.errors import InvalidInput, UnknownMember
 from kernel.settings import Settings
-from router.feed import CancelListener, Feed, TurnMessage
+from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
 from router.membership import Membership
 from router.reconcile import Holdings
 from store.redis_store import RedisStore, client_from_url
 from worker.agents import AgentModule
 from worker.backend import ToolBackend
-from worker.celery_app import broker_keyprefix, make_app, queue_for
+from worker.celery_app import broker_keyprefix, make_app, queue_for, take_queued_turns
 from worker.fleet_agents import AgentCache, BackendFactory, ModelOverrides, TurnTools
 from worker.providers.base import InflightCalls
 from worker.turn import TurnRunner
 
 log = logging.getLogger("reins.worker")
+DRAIN_POLL_S = 0.1  # how often a draining worker re-reads its queue and the acknowledgement
 
 
 #: A shared tool backend for a fleet: (agent, settings, the worker's Redis client) -> backend.
@@ -107,6 +118,9 @@ class FleetWorker:
         )
         self._stop = threading.Event()
         self._draining = threading.Event()
+        self._handing_back = threading.Event()  # the drain grace ran out: give turns back
+        self.acked_at: float | None = None  # when this worker saw its drain acknowledged
+        self.drain_figures: Counter[str] = Counter()
         self._beat: threading.Thread | None = None
         self.turn_cpu_s = 0.0  # CPU the turns themselves took in their threads (not Celery's)
         self._figures = threading.Lock()
@@ -120,11 +134,31 @@ class FleetWorker:
         except Exception as exc:
             log.warning("ignored a malformed turn message on %s: %s", self.name, exc)
             return
+        if self._draining.is_set():
+            if self._handing_back.is_set():
+                self.runner.hand_back(msg, HandBackWhy.DRAINING)
+                self._count("handed back")
+                return
+            if self.acked_at is not None and msg.admitted_at > self.acked_at:
+                log.error(
+                    "turn of %s was sent to %s after the drain was acknowledged "
+                    "(admitted at %.3f, acknowledged at %.3f)",
+                    msg.trajectory_id,
+                    self.name,
+                    msg.admitted_at,
+                    self.acked_at,
+                )
+                self._count("sent after the acknowledgement")
+            self._count("carried out while draining")
         started = time.thread_time()
         self.runner.run(msg, redelivered=redelivered)
         spent = time.thread_time() - started
         with self._figures:
             self.turn_cpu_s += spent
+
+    def _count(self, what: str) -> None:
+        with self._figures:
+            self.drain_figures[what] += 1
 
     def _cancel(self, call_id: str) -> None:
         if self.inflight.cancel(call_id):
@@ -160,6 +194,10 @@ class FleetWorker:
         while not self._stop.wait(interval):
             try:
                 self.membership.heartbeat(self.name)
+                if not self._draining.is_set() and self.membership.is_draining(self.name):
+                    # `reins ring drain NAME`: the same drain as SIGTERM, through its handler.
+                    log.info("%s was drained by an operator; draining and stopping", self.name)
+                    os.kill(os.getpid(), signal.SIGTERM)
             except UnknownMember:
                 if not self._draining.is_set():
                     log.warning("%s was removed from the ring; registering again", self.name)
@@ -194,24 +232,57 @@ class FleetWorker:
         signal.signal(signal.SIGTERM, on_term)
 
     def _drain_then_stop(self, celery_handler: Any, signum: int, frame: Any) -> None:
-        log.info("worker %s draining (grace %.1fs)", self.name, self.settings.drain_grace_s)
-        deadline = time.monotonic() + self.settings.drain_grace_s
+        grace = self.settings.drain_grace_s
+        log.info("worker %s draining (grace %.1fs)", self.name, grace)
+        deadline = time.monotonic() + grace
         try:
             self.membership.drain(self.name)
-            while time.monotonic() < deadline and not self.drained():
-                time.sleep(0.1)
+            while not self.drained():
+                if time.monotonic() >= deadline:
+                    self._hand_back_the_rest()
+                    break
+                time.sleep(DRAIN_POLL_S)
         except Exception:
             log.exception("drain of %s failed; shutting down anyway", self.name)
+        log.info("drain of %s: %s", self.name, dict(self.drain_figures) or "nothing to do")
         if callable(celery_handler):
             celery_handler(signum, frame)  # Celery's warm shutdown: finish what runs
 
+    def _hand_back_the_rest(self) -> None:
+        """The grace ran out: give every message still queued back, unstarted (the consumer
+        hands back what it takes from now on, too)."""
+        self._handing_back.set()
+        log.warning(
+            "drain grace of %s ran out with %d turns running and %d queued; handing back "
+            "what has not started",
+            self.name,
+            self.runner.active,
+            self.queued(),
+        )
+        while payloads := take_queued_turns(self.client, self.settings, self.name, 256):
+            for payload in payloads:
+                try:
+                    msg = TurnMessage.from_payload(payload)
+                except InvalidInput as exc:
+                    log.warning("dropped a malformed queued turn message: %s", exc)
+                    continue
+                self.runner.hand_back(msg, HandBackWhy.DRAINING)
+                self._count("handed back")
+
+    def queued(self) -> int:
+        """Messages waiting in this member's queue."""
+        waiting: Any = self.client.llen(broker_keyprefix(self.settings) + self.queue)
+        return int(waiting)
+
     def drained(self) -> bool:
-        """Every live router stopped placing turns here and none is left in the queue."""
+        """Every live router stopped placing turns here, none is queued and none runs."""
         status = self.membership.drain_status(self.name)
         if status.pending:
             return False
-        waiting: Any = self.client.llen(broker_keyprefix(self.settings) + self.queue)
-        return int(waiting) == 0 and self.runner.active == 0
+        if self.acked_at is None:
+            self.acked_at = time.time()
+            log.info("drain of %s acknowledged by %s", self.name, status.live_replicas or "none")
+        return self.queued() == 0 and self.runner.active == 0
 
 
 def run_worker(settings: Settings, options: WorkerOptions) -> int:

@@ -28,7 +28,10 @@ Contracts:
   holdings (only if they still name the version carried out), so the router's reconciler
   recovers exactly the turns a dead worker still held.
 * **One notice per message.** However the turn ends, even ignored, the worker pushes exactly
-  one notice to the ready feed, so the router can requeue the trajectory and settle the gate.
+  one notice to the ready feed, so the router can requeue the trajectory and settle the gate;
+  or, for a turn it cannot start (a record of a schema this build does not read, or a drain
+  whose grace ran out), one hand-back, which a router sends on to another member with the
+  same call ids and gate lease (:class:`~router.feed.HandBack`). Nothing is changed first.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from kernel.errors import (
     InvalidInput,
     ReinsError,
     StoreError,
+    UnsupportedSchema,
 )
 from kernel.events import (
     CallModel,
@@ -63,7 +67,16 @@ from kernel.events import (
 from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState
 from kernel.step import KernelContext, StepResult, step
-from router.feed import CancelListener, Feed, Notice, NoticeKind, TurnMessage, ready_notice
+from router.feed import (
+    CancelListener,
+    Feed,
+    HandBack,
+    HandBackWhy,
+    Notice,
+    NoticeKind,
+    TurnMessage,
+    ready_notice,
+)
 from router.reconcile import Holdings
 from store.base import TrajectoryStore
 from worker.fleet_agents import TurnTools
@@ -86,6 +99,14 @@ class TurnReport:
 
 class _Ignored(Exception):
     """The message does not apply to the record; the reason is logged, nothing changes."""
+
+
+class _HandBack(Exception):
+    """This member cannot carry the turn out; it goes back, unstarted, to another member."""
+
+    def __init__(self, why: HandBackWhy, detail: str) -> None:
+        super().__init__(detail)
+        self.why = why
 
 
 class TurnRunner:
@@ -138,6 +159,17 @@ class TurnRunner:
             )
             report = TurnReport(NoticeKind.IDLE, f"ignored: {why}", 0, msg.version)
             self._notify(msg, self._idle(msg))
+        except _HandBack as back:
+            log.warning(
+                "handed back turn of %s/%s (v%d) on %s: %s",
+                msg.tenant,
+                msg.trajectory_id,
+                msg.version,
+                self.worker,
+                back,
+            )
+            self.hand_back(msg, back.why)
+            report = TurnReport(NoticeKind.IDLE, f"handed back: {back}", 0, msg.version)
         except Exception:  # a bug or an unreachable store: the record stays for recovery
             log.exception("turn of %s/%s failed on %s", msg.tenant, msg.trajectory_id, self.worker)
             report = TurnReport(NoticeKind.IDLE, "failed", 0, msg.version)
@@ -216,7 +248,9 @@ class TurnRunner:
             return self.store.load(msg.tenant, msg.trajectory_id)
         except StoreError as exc:
             raise _Ignored(f"cannot load the record ({exc})") from None
-        except InvalidInput as exc:  # a schema this build does not read: left for a newer one
+        except UnsupportedSchema as exc:  # written by a newer build: left as it is, for one
+            raise _HandBack(HandBackWhy.SCHEMA, str(exc)) from None
+        except InvalidInput as exc:
             raise _Ignored(f"cannot read the record ({exc})") from None
 
     @staticmethod
@@ -336,6 +370,20 @@ class TurnRunner:
             self.feed.push(notice)
         except Exception:  # the feed is a hint; the router's rebuild finds READY work anyway
             log.exception("could not push the notice of %s", msg.trajectory_id)
+        self._release(msg)
+
+    def hand_back(self, msg: TurnMessage, why: HandBackWhy) -> None:
+        """Give ``msg`` back unstarted, instead of its notice: a router sends it on under the
+        same call ids (a member that cannot read the record is not sent it again)."""
+        refused = msg.refused_by + ((self.worker,) if why is HandBackWhy.SCHEMA else ())
+        try:
+            self.feed.hand_back(HandBack(self.worker, why, replace(msg, refused_by=refused)))
+        except Exception:  # kept in the holdings: recovered if this member goes away
+            log.exception("could not hand back the turn of %s", msg.trajectory_id)
+            return
+        self._release(msg)
+
+    def _release(self, msg: TurnMessage) -> None:
         if self.holdings is not None:
             try:  # after the notice: a lost release only leaves a holding the turn moved past
                 self.holdings.release(self.worker, msg.tenant, msg.trajectory_id, msg.version)

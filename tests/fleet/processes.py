@@ -119,6 +119,15 @@ def effects_by_order(effects: list[list[Any]]) -> dict[str, Counter[str]]:
     return out
 
 
+def over_allowance(rec: TrajectoryRecord) -> list[str]:
+    """The ledger accounts of ``rec`` whose actual plus reserved passed the allowance."""
+    led = rec.ledger
+    accounts = {"steps": led.steps, "tool_calls": led.tool_calls, "tokens": led.tokens}
+    out = [n for n, a in accounts.items() if a.actual + a.reserved > a.allowance]
+    d = led.dollars
+    return out + (["dollars"] if d.actual + d.reserved > d.allowance else [])
+
+
 def order_of(rec: TrajectoryRecord) -> str:
     return rec.goal.rsplit(" ", 1)[-1]
 

@@ -32,6 +32,7 @@ from tests.fleet.processes import (
     caller_api,
     effects_by_order,
     order_of,
+    over_allowance,
     start,
     stop_all,
     wait_all_ended,
@@ -76,14 +77,6 @@ class Run:
 
     def effects(self) -> dict[str, Counter[str]]:
         return effects_by_order(RedisState(self.client, self.prefix, seed=False).effects())
-
-
-def over_allowance(rec: TrajectoryRecord) -> list[str]:
-    led = rec.ledger
-    accounts = {"steps": led.steps, "tool_calls": led.tool_calls, "tokens": led.tokens}
-    out = [n for n, a in accounts.items() if a.actual + a.reserved > a.allowance]
-    d = led.dollars
-    return out + (["dollars"] if d.actual + d.reserved > d.allowance else [])
 
 
 def test_a_worker_killed_with_50_turns_in_flight_loses_nothing(

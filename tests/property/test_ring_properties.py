@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import bisect
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from kernel.errors import EmptyRing
 from router.ring import DEFAULT_POINTS_PER_WEIGHT, Member, MemberState, Ring, key_position
 
 KEYS = [f"trajectory-{i}" for i in range(1_500)]
@@ -68,6 +70,24 @@ def test_lookup_is_the_first_eligible_point_clockwise(
     points, skip = all_points(ring), draining(ring)
     for position in probe_positions(ring, extra):
         assert ring.lookup_position(position) == owner_by_definition(points, skip, position)
+
+
+@settings(max_examples=60, deadline=None)
+@given(fleets(), points_per_weight, st.data())
+def test_a_lookup_excluding_members_is_the_first_point_of_another_eligible_member(
+    members: list[Member], per_weight: int, data: st.DataObject
+) -> None:
+    """The walk a turn handed back takes: skip the draining members and the excluded ones."""
+    ring = Ring(members, points_per_weight=per_weight)
+    exclude = frozenset(data.draw(st.sets(st.sampled_from([m.name for m in members]))))
+    points, skip = all_points(ring), draining(ring) | exclude
+    for key in KEYS[:200]:
+        if {m.name for m in members} <= skip:
+            with pytest.raises(EmptyRing):
+                ring.lookup_excluding(key, exclude)
+            continue
+        expected = owner_by_definition(points, skip, key_position(key))
+        assert ring.lookup_excluding(key, exclude) == expected
 
 
 @settings(max_examples=40, deadline=None)
