@@ -17,6 +17,9 @@ and what happens when something else is true:
   step committed a Finish or a hold): ``withdraw`` (the claim and its debit are dropped);
 * the compare-and-set lost (a control request landed first): ``decline`` (the call stays READY
   at its queue head with its credit; the next nomination re-reads the record);
+* the record is of a schema version this build does not read (a newer build wrote it during a
+  rolling deploy): ``decline`` too, so a router of the newer build admits it (deploy routers
+  before workers; a worker of the older build hands such a turn back, :mod:`worker.turn`);
 * no worker on the ring, or (with the in-memory admitter) no room at the gate: nothing is
   nominated, so DRR's rotation is not churned by refusals it cannot act on, and the loop
   waits for a notice. The Redis admitter passes a gate refusal over inside its claim.
@@ -49,6 +52,7 @@ from kernel.errors import (
     ReinsError,
     SnapshotNotFound,
     StaleNomination,
+    UnsupportedSchema,
 )
 from kernel.events import Admit, Finalize
 from kernel.states import LifecycleState, StopReason
@@ -294,6 +298,12 @@ class Dispatcher:
         try:
             rec = self.store.load(tenant, tid)
             ctx = self.agents.context(rec.agent)
+        except UnsupportedSchema as exc:  # a newer build's record: for a router that reads it
+            log.warning("declined %s/%s: %s", tenant, tid, exc)
+            self._release(route, lease)
+            self._resolve(self.admitter.decline, nom)
+            self.figures.declined += 1
+            return None
         except (SnapshotNotFound, ReinsError) as exc:
             log.warning("withdrew %s/%s: %s", tenant, tid, exc)
             self._withdraw(tid, route, lease)

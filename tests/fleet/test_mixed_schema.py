@@ -1,0 +1,140 @@
+"""Mixed versions during a rolling deploy: an older and a newer record schema side by side.
+
+The newer build is simulated by :class:`NextBuildStore`: the same records, stored under schema
+version 2, which it reads along with version 1 (a build that migrates on write). The router is
+of the newer build (routers deploy first); of the two workers, ``w1`` is of the older build
+(this code as it is: it reads version 1 only) and ``w2`` of the newer. Half the jobs are
+submitted before the router switched builds (version 1 records), half after (version 2).
+
+``w1`` refuses every version-2 record it is sent without changing a byte of it and hands the
+turn back; the router sends the turn on to ``w2``, never back to ``w1``; version-1 records keep
+running on ``w1``; every trajectory ends ``done`` with one refund and one email.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import cast
+
+import pytest
+import redis
+
+from kernel.errors import SnapshotNotFound
+from kernel.record import TrajectoryRecord
+from kernel.states import StopReason
+from router.feed import TurnMessage
+from router.membership import Membership
+from store.base import Commit, decode_snapshot
+from store.redis_store import RedisStore
+from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
+from worker.turn import TurnRunner
+
+pytestmark = pytest.mark.redis
+V1, V2 = b'{"schema_version":1,', b'{"schema_version":2,'
+
+
+class NextBuildStore(RedisStore):
+    """The store as the next build sees it: writes schema version 2, reads versions 1 and 2."""
+
+    def apply(self, commit: Commit) -> int:
+        assert commit.snapshot.startswith(V1)
+        return super().apply(replace(commit, snapshot=V2 + commit.snapshot[len(V1) :]))
+
+    def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord:
+        version, data = self.raw(tenant, trajectory_id)
+        if data.startswith(V2):
+            data = V1 + data[len(V2) :]
+        return decode_snapshot(tenant, trajectory_id, version, data)
+
+    def raw(self, tenant: str, trajectory_id: str) -> tuple[int, bytes]:
+        snap_key = self.trajectory_keys(tenant, trajectory_id)[0]
+        got = cast(list[bytes | None], self._client.hmget(snap_key, ["v", "data"]))
+        if got[1] is None:
+            raise SnapshotNotFound(trajectory_id)
+        return int(got[0] or 0), got[1]
+
+
+def test_an_older_worker_hands_back_a_newer_record_unchanged_and_it_finishes_elsewhere(
+    inproc: InProcessFleet, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    service = inproc.service
+    Membership(redis_client, key_prefix).register("w2")
+    service.replica.refresh()
+    orders = seed_orders(redis_client, key_prefix, 5000, 16)
+    old_ids = [inproc.api.submit("acme", refund_job(oid)).trajectory_id for oid in orders[:8]]
+
+    newer = NextBuildStore(redis_client, prefix=key_prefix)
+    service.store = service.dispatcher.store = newer  # the router is redeployed first
+    api = service.api()
+    new_ids = [api.submit("acme", refund_job(oid)).trajectory_id for oid in orders[8:]]
+    assert all(newer.raw("acme", t)[1].startswith(V1) for t in old_ids)
+    assert all(newer.raw("acme", t)[1].startswith(V2) for t in new_ids)
+
+    runners = {
+        "w1": inproc.runner,  # the older build: the store as it is, version 1 only
+        "w2": TurnRunner(store=newer, tools=inproc.runner.tools, feed=inproc.feed, worker="w2"),
+    }
+    handed_back: Counter[str] = Counter()
+    for _ in range(400):
+        service.cycle()
+        service.send_on_handbacks()
+        sent = [(m, TurnMessage.from_payload(p)) for m, p in inproc.sent]
+        inproc.sent.clear()
+        if not sent and not inproc.feed.client.llen(inproc.feed.handback_key):
+            break
+        for member, msg in sent:
+            before = newer.raw(msg.tenant, msg.trajectory_id)
+            report = runners[member].run(msg)
+            if report.reason.startswith("handed back"):
+                assert member == "w1" and before[1].startswith(V2)
+                assert newer.raw(msg.tenant, msg.trajectory_id) == before, "not a byte changed"
+                assert report.advanced == 0
+                handed_back[msg.trajectory_id] += 1
+            elif member == "w1":
+                assert before[1].startswith(V1), "w1 only ever carries out version-1 records"
+    else:
+        raise AssertionError("the fleet did not go quiet")
+
+    assert handed_back, "some version-2 turn was placed on the older worker"
+    assert set(handed_back) <= set(new_ids) | set(old_ids)
+    records = [newer.load("acme", t) for t in old_ids + new_ids]
+    assert [r.stop_reason for r in records] == [StopReason.DONE] * 16
+    effects = Counter(tuple(e) for e in inproc.state.effects())
+    for oid in orders:
+        assert effects[("refund", oid, 3000)] == 1 and effects[("email", oid)] == 1
+
+
+def test_a_turn_every_member_refuses_waits_for_one_that_can_read_it(
+    inproc: InProcessFleet, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    service = inproc.service
+    newer = NextBuildStore(redis_client, prefix=key_prefix)
+    service.store = service.dispatcher.store = newer
+    (oid,) = seed_orders(redis_client, key_prefix, 6000, 1)
+    tid = service.api().submit("acme", refund_job(oid)).trajectory_id
+    service.cycle()
+    ((member, payload),) = inproc.sent
+    inproc.sent.clear()
+    assert member == "w1"
+    inproc.runner.run(TurnMessage.from_payload(payload))  # the older w1 hands it back
+    assert service.send_on_handbacks() == 0, "no member but w1, which cannot read it"
+    assert inproc.sent == []
+    (waiting,) = inproc.feed.take_handbacks()
+    assert waiting.message.refused_by == (), "the refusals are forgotten: the fleet may change"
+    inproc.feed.hand_back(waiting)
+
+    Membership(redis_client, key_prefix).register("w2")  # a newer worker joins
+    service.replica.refresh()
+    w2 = TurnRunner(store=newer, tools=inproc.runner.tools, feed=inproc.feed, worker="w2")
+    before = newer.raw("acme", tid)
+    for _ in range(3):  # w1 may be tried once more (refusals were forgotten); then never again
+        assert service.send_on_handbacks() == 1
+        ((member, payload),) = inproc.sent
+        inproc.sent.clear()
+        msg = TurnMessage.from_payload(payload)
+        assert msg.call_id == f"{tid}/m1", "the same call, whoever carries it out"
+        if member == "w2":
+            break
+        assert inproc.runner.run(msg).advanced == 0 and newer.raw("acme", tid) == before
+    assert member == "w2" and w2.run(msg).advanced > 0
