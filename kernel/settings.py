@@ -40,6 +40,11 @@ class Settings(BaseModel):
         3.0, gt=0, description="lease of the router that admits while the admitter is local"
     )
     tenants_file: str = Field("", description="tenant configuration (.toml or .json)")
+    # --- Prometheus (ops/metrics.py): every router and worker process serves /metrics ---
+    metrics_port: int = Field(0, ge=0, le=65535, description="port of /metrics; 0: not served")
+    metrics_host: str = Field(
+        "127.0.0.1", min_length=1, description="address /metrics listens on (0.0.0.0 in a pod)"
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

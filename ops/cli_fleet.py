@@ -2,7 +2,9 @@
 
 Each process reads the one settings object from ``REINS_*`` variables (the Redis of the store,
 the broker, the key prefix, heartbeats, concurrency, drain grace); options below override
-what only that process needs. Run as ``python -m ops.cli_fleet ...`` too (tests, the bench).
+what only that process needs. A worker or router with ``REINS_METRICS_PORT`` set serves
+Prometheus metrics there for as long as it runs (:func:`ops.metrics.served`). Run as
+``python -m ops.cli_fleet ...`` too (tests, the bench).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def worker_cmd(
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Run a fleet worker: consume this member's queue until SIGTERM (then drain)."""
+    from ops.metrics import served
+    from router.tenants import AdmissionConfig
     from worker.fleet import WorkerOptions, configure_logging, run_worker
     from worker.fleet_agents import ModelOverrides, load_factory
 
@@ -63,7 +67,11 @@ def worker_cmd(
         overrides=overrides,
         backend=load_factory(backend) if backend else None,
     )
-    raise typer.Exit(run_worker(settings, options))
+    with served(settings) as metrics:
+        if metrics is not None and settings.tenants_file:  # every tenant's series from 0
+            metrics.on_config(AdmissionConfig.from_file(settings.tenants_file))
+        code = run_worker(settings, options, observer=metrics)
+    raise typer.Exit(code)
 
 
 def router_cmd(
@@ -75,6 +83,7 @@ def router_cmd(
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Run a router: ring, ready feed and dispatch loop, until SIGTERM."""
+    from ops.metrics import served
     from router.service import AdmitterKind, RouterOptions, RouterService
     from worker.fleet import configure_logging
 
@@ -87,7 +96,9 @@ def router_cmd(
         admitter=AdmitterKind(admitter),
         claim_ttl_s=claim_ttl_s,
     )
-    raise typer.Exit(RouterService(settings, options).run())
+    with served(settings) as metrics:
+        code = RouterService(settings, options, observer=metrics).run()
+    raise typer.Exit(code)
 
 
 def _api(tenants: str | None, gates: str, admitter: str) -> Any:

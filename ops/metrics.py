@@ -1,11 +1,14 @@
 """Prometheus metrics of the fleet: one object around its own registry, fed by domain events.
 
-Nothing is registered at import time. A process's boot step builds :class:`Metrics` (which
-builds its own :class:`~prometheus_client.CollectorRegistry`), hands the observer methods to
-the router's admission loop and the worker's turn runner, and serves ``/metrics`` with
-:meth:`Metrics.serve`. Observers take domain values (a tenant and a charge, a kernel
-:class:`~kernel.step.StepResult`, the admitter's :class:`~router.fairness.FairnessFigures`), so
-the loops never name a metric: metrics are a middleware, not code sprinkled through the loop.
+Nothing is registered at import time. A process's boot step (:func:`served`, from the
+settings) builds :class:`Metrics` (which builds its own
+:class:`~prometheus_client.CollectorRegistry`), serves ``/metrics`` with :meth:`Metrics.serve`,
+and hands the object as the observer to the router's service and dispatch loop and to the
+worker's turn runner: it satisfies :class:`router.observe.RouterObserver` and
+:class:`worker.turn.TurnObserver` structurally, so neither imports this module. Observers take
+domain values (a tenant and a charge, a kernel :class:`~kernel.step.StepResult`, the admitter's
+:class:`~router.fairness.FairnessFigures`), so the loops never name a metric: metrics are a
+middleware, not code sprinkled through the loop.
 
 Labels: ``tenant`` where an operator asks "who", never a trajectory id (one series per run
 would grow without bound). Every other label value comes from a closed list (stop reasons,
@@ -39,14 +42,17 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from kernel.chain import ChainRow, RowKind
-from kernel.errors import ConcurrentModification
+from kernel.errors import ConcurrentModification, ConfigError
 from kernel.events import ReplyStatus
 from kernel.record import TrajectoryRecord
+from kernel.settings import Settings
 from kernel.states import StopReason
 from kernel.step import StepResult
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.membership import MemberRecord
+from router.observe import NO_PROVIDER as NO_PROVIDER  # re-exported: the label of no route
+from router.observe import provider_of as provider_of
 from router.tenants import DEFAULT_WAIT_BUCKETS_S, AdmissionConfig
 
 log = logging.getLogger(__name__)
@@ -57,8 +63,6 @@ TURN_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 
 TOOL_OUTCOMES = frozenset({"ok", "error", "unknown", "absent"})
 #: Ring membership states: live and taking work, live and draining, heartbeat lapsed.
 RING_STATES = ("active", "draining", "lapsed")
-#: The provider label of a call that goes through no provider gate.
-NO_PROVIDER = "none"
 OTHER = "other"
 
 _REPLY_STATUSES = frozenset(s.value for s in ReplyStatus)
@@ -66,11 +70,6 @@ _STOP_REASONS = {s.value: s for s in StopReason}
 
 Commit = Callable[[TrajectoryRecord, TrajectoryRecord, list[ChainRow]], None]
 """The worker's store hook: (previous record, new record, chain rows), raising on conflict."""
-
-
-def provider_of(route: str) -> str:
-    """The provider of a gate route ``provider/model`` (the label); ``none`` for no route."""
-    return route.split("/", 1)[0] if route else NO_PROVIDER
 
 
 @dataclass
@@ -339,3 +338,28 @@ class Metrics:
 def _remove(gauge: Gauge, tenant: str) -> None:
     with suppress(KeyError):
         gauge.remove(tenant)
+
+
+@contextmanager
+def served(settings: Settings) -> Iterator[Metrics | None]:
+    """A process's metrics, served on ``REINS_METRICS_HOST``:``REINS_METRICS_PORT`` for the
+    duration of the block; ``None`` (nothing built, nothing served) when the port is 0.
+
+    A port that cannot be bound fails the boot, naming the variable.
+    """
+    if settings.metrics_port == 0:
+        yield None
+        return
+    metrics = Metrics()
+    host, port = settings.metrics_host, settings.metrics_port
+    try:
+        server = metrics.serve(host, port)
+    except OSError as exc:
+        raise ConfigError(
+            f"REINS_METRICS_PORT: cannot serve /metrics on {host}:{port}: {exc}"
+        ) from None
+    log.info("serving metrics at %s", server.url)
+    try:
+        yield metrics
+    finally:
+        server.close()

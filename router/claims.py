@@ -44,11 +44,13 @@ class ClaimAttempt:
 
 @dataclass(frozen=True, slots=True)
 class ClaimBatch:
-    """A claim script run for several calls: the claims made, in order, and the refusals."""
+    """A claim script run for several calls: the claims made, in order, and the refusals
+    (how many, and the reason and route of the last)."""
 
     claims: tuple[Claim, ...]
     refused: int
     reason: str
+    refused_route: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,7 @@ def claims_from(config: AdmissionConfig, reply: Sequence[Any], depths: bool) -> 
     width = 10 + (len(config.tenants) if depths else 0)
     claims = []
     for n in range(int(reply[0])):
-        row = reply[4 + n * width : 4 + (n + 1) * width]
+        row = reply[5 + n * width : 5 + (n + 1) * width]
         call = call_from(config, text(row[1]), text(row[2]))
         lane = lanes[call.tenant]
         gate = None
@@ -119,7 +121,7 @@ def claims_from(config: AdmissionConfig, reply: Sequence[Any], depths: bool) -> 
                 depths=tuple(int(v) for v in row[10:]),
             )
         )
-    return ClaimBatch(tuple(claims), int(reply[1]), text(reply[2]))
+    return ClaimBatch(tuple(claims), int(reply[1]), text(reply[2]), text(reply[4]))
 
 
 def enqueued_from(

@@ -44,7 +44,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kernel.errors import (
     ConcurrentModification,
@@ -62,11 +62,13 @@ from router.admitter import FinalizeNow
 from router.drr import Nomination, ReadyCall
 from router.feed import Feed, Notice, NoticeKind, TurnMessage, worker_commands
 from router.gates import GateConfig, GateReading, ProviderGates
+from router.observe import AdmissionObserver, commit, provider_of
 from router.ring import Ring
 from store.base import TrajectoryStore
 from worker.fleet_agents import AgentCache
 
 log = logging.getLogger("reins.router.dispatch")
+_T = TypeVar("_T")
 
 #: Sends a turn message to a ring member's queue: (member, payload) -> None.
 Sender = Callable[[str, dict[str, Any]], None]
@@ -104,7 +106,8 @@ class Dispatcher:
     ``admitter`` is either admitter (:mod:`router.admission`). With the in-memory one
     (``shared=False``) the gate is debited here, after the nomination and before the
     compare-and-set, and ``depths`` reads its queue depths; the Redis admitter (``shared``)
-    debits in its claim and reports depths with it.
+    debits in its claim and reports depths with it. ``observer`` (None: nobody) is told of
+    each admission, gate refusal, commit and lost compare-and-set.
     """
 
     def __init__(
@@ -122,8 +125,10 @@ class Dispatcher:
         shared: bool = False,
         depths: Callable[[], Sequence[int]] | None = None,
         clock: Callable[[], float] = time.time,
+        observer: AdmissionObserver | None = None,
     ) -> None:
         self.name, self.store, self.admitter, self.feed = name, store, admitter, feed
+        self.observer = observer
         self.agents, self.ring, self.sender = agents, ring, sender
         self.gates, self.gate_config, self.shared = gates, gate_config, shared
         self.depths = depths
@@ -210,7 +215,7 @@ class Dispatcher:
                 log.info("did not finalize %s/%s: %s", tenant, tid, exc)
                 return
             try:
-                self.store.compare_and_set(result.record, rec.record_version, result.rows)
+                commit(self.store, rec, result, ctx, self.observer)
                 return
             except ConcurrentModification:
                 continue
@@ -255,6 +260,10 @@ class Dispatcher:
         beside each trajectory's own load and compare-and-set)."""
         admitter: Any = self.admitter
         batch = admitter.claim_many(limit, 1, depths=True)
+        if batch.refused and self.observer is not None:
+            self.observer.on_gate_refused(
+                provider_of(batch.refused_route), batch.reason, batch.refused
+            )
         ready: list[tuple[Any, str, TurnMessage, bool]] = []
         for claim in batch.claims:
             depths = list(claim.depths)
@@ -270,7 +279,7 @@ class Dispatcher:
                 if wait is None:  # reaped meanwhile: debit again before the request may leave
                     self._unsent.append((member, msg, claim.call.charge))
                     continue
-                self._send(claim.call, member, msg, backlogged)
+                self._send(claim.call, member, msg, backlogged, wait)
         return len(batch.claims)
 
     def _admit_local(self, nom: Nomination, depths: list[int], ring: Ring) -> bool:
@@ -280,14 +289,18 @@ class Dispatcher:
         if call.route and self.gates is not None:
             self._lease_serial += 1
             lease = f"{call.trajectory_id}#{self.name}#{self._lease_serial}"
-            if not self.gates.debit(call.route, lease, call.charge).ok:
+            debit = self.gates.debit(call.route, lease, call.charge)
+            if not debit.ok:
                 self.admitter.decline(nom)
                 self.figures.declined += 1
+                if self.observer is not None:
+                    self.observer.on_gate_refused(provider_of(call.route), debit.reason)
                 return False
         prepared = self._prepare(nom, lease, ring)
         if prepared is not None:
-            self._resolve(self.admitter.commit, nom)
-            self._send(call, *prepared, bool(depths) and all(d > 0 for d in depths))
+            wait = self._resolve(self.admitter.commit, nom)
+            backlogged = bool(depths) and all(d > 0 for d in depths)
+            self._send(call, *prepared, backlogged, 0.0 if wait is None else wait)
         return True
 
     def _prepare(self, nom: Nomination, lease: str, ring: Ring) -> tuple[str, TurnMessage] | None:
@@ -317,7 +330,7 @@ class Dispatcher:
             self._withdraw(tid, route, lease)
             return None
         try:
-            self.store.compare_and_set(result.record, rec.record_version, result.rows)
+            commit(self.store, rec, result, ctx, self.observer)
         except ConcurrentModification:
             self._release(route, lease)
             self._resolve(self.admitter.decline, nom)
@@ -340,7 +353,9 @@ class Dispatcher:
         )
         return ring.lookup(placement_key(tenant, tid)), msg
 
-    def _send(self, call: ReadyCall, member: str, msg: TurnMessage, backlogged: bool) -> None:
+    def _send(
+        self, call: ReadyCall, member: str, msg: TurnMessage, backlogged: bool, wait_s: float
+    ) -> None:
         self.figures.pending_admissions.append(
             {
                 "t": call.tenant,
@@ -351,6 +366,8 @@ class Dispatcher:
             }
         )
         self.figures.admitted += 1
+        if self.observer is not None:
+            self.observer.on_admission(call, wait_s)
         self.sender(member, msg.to_payload())
 
     def _send_unsent(self) -> bool:
@@ -376,11 +393,12 @@ class Dispatcher:
             self.gates.release(route, lease)
 
     @staticmethod
-    def _resolve(fn: Callable[[Nomination], Any], nom: Nomination) -> None:
+    def _resolve(fn: Callable[[Nomination], _T], nom: Nomination) -> _T | None:
         try:
-            fn(nom)
+            return fn(nom)
         except StaleNomination as exc:
             log.warning("nomination of %s already resolved: %s", nom.call.trajectory_id, exc)
+            return None
 
     def flush(self) -> None:
         """Write the admissions recorded since the last flush (one round trip)."""

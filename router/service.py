@@ -13,6 +13,11 @@ sends. Then, until SIGTERM:
   holding (:mod:`router.stranded`);
 * otherwise a *cycle*: take notices from the feed, settle and requeue, admit what fits.
 
+An observer (:class:`router.observe.RouterObserver`, Prometheus metrics from ``ops``) is
+told the tenants at boot, each admission, gate refusal and commit as it happens, and the
+admitter's figures and the membership at each tick (held approvals every
+``HELD_APPROVALS_EVERY_S``).
+
 Two router processes run side by side. With the shared admitter (``--admitter redis``, the
 default) both admit from the same Redis queues and gates, and neither can admit a call twice
 (the claim is atomic and the kernel's admission is a compare-and-set). With an admitter local
@@ -49,6 +54,7 @@ from router.feed import Feed, HandBackWhy, ready_notice, route_of
 from router.fifo import FifoAdmitter
 from router.gates import GateConfig, MemoryGates
 from router.membership import Membership, ReplicaRing
+from router.observe import RouterObserver
 from router.reconcile import Holdings, Reconciler
 from router.redis_admitter import RedisAdmitter, store_readiness
 from router.redis_gates import RedisGates
@@ -63,6 +69,7 @@ log = logging.getLogger("reins.router")
 _LEASE = Path(__file__).with_name("admit_lease.lua")
 SEND_BURST = 16  # admissions whose turn messages go out in one pipelined batch
 FLUSH_ADMISSIONS = 512  # admission figures written at once between ticks
+HELD_APPROVALS_EVERY_S = 15.0  # held approvals are counted from the store's index this often
 
 
 class AdmitterKind(StrEnum):
@@ -108,8 +115,11 @@ class RouterService:
         *,
         client: redis.Redis | None = None,
         sender: Sender | None = None,
+        observer: RouterObserver | None = None,
     ) -> None:
         self.settings, self.options, self.name = settings, options, options.name
+        self.observer = observer
+        self._held_counted_at = float("-inf")
         self.client = client if client is not None else client_from_url(settings.redis_url)
         prefix = settings.key_prefix
         self.store = RedisStore(
@@ -125,6 +135,8 @@ class RouterService:
                 "REINS_TENANTS_FILE (or --tenants) must name the tenant configuration"
             )
         self.config = AdmissionConfig.from_file(options.tenants_file)
+        if observer is not None:
+            observer.on_config(self.config)
         self.gate_config = load_gate_config(options.gates_file)
         self.agents = AgentCache()
         self.holdings = Holdings(self.client, prefix)
@@ -198,6 +210,7 @@ class RouterService:
             gate_config=self.gate_config,
             shared=self.shared,
             depths=depths,
+            observer=self.observer,
         )
 
     def api(self) -> RouterApi:
@@ -211,6 +224,7 @@ class RouterService:
             admitter=self.dispatcher.admitter if self.shared else None,
             sender=self._send_now,
             ring=lambda: self.replica.ring,
+            observer=self.observer,
         )
 
     # --- the loop ------------------------------------------------------------------------------
@@ -229,6 +243,24 @@ class RouterService:
                 log.info("reconciled claims: %s requeued, %s dropped", done.requeued, done.dropped)
         else:
             self._hold_lease()
+        if self.observer is not None:
+            self.observe(self.observer)
+
+    def observe(self, observer: RouterObserver) -> None:
+        """Tell ``observer`` the membership and, while this router admits, the admitter's
+        figures; every ``HELD_APPROVALS_EVERY_S``, the approvals held per tenant."""
+        observer.on_membership(self.membership.records())
+        if self.admitting:
+            observer.on_figures(self.dispatcher.admitter.figures())
+        else:
+            observer.forget_figures()
+        now = time.monotonic()
+        if now - self._held_counted_at >= HELD_APPROVALS_EVERY_S:
+            self._held_counted_at = now
+            held = LifecycleState.AWAITING_APPROVAL
+            observer.on_held_approvals(
+                {t.name: len(self.store.list(t.name, held)) for t in self.config.tenants}
+            )
 
     def send_on_handbacks(self) -> int:
         """Send the turns members gave back unstarted on to another member, under the same

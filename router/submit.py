@@ -60,6 +60,7 @@ from router.admitter import Admitter
 from router.dispatch import Sender, placement_key
 from router.feed import Feed, TurnMessage, ready_notice, route_of, worker_commands
 from router.gates import GateConfig
+from router.observe import CommitObserver, commit
 from router.ring import Ring
 from router.tenants import AdmissionConfig
 from store.base import TrajectoryStore
@@ -100,7 +101,8 @@ class RouterApi:
 
     ``admitter``: the shared (Redis) admitter, when the fleet has one; otherwise READY work
     goes through the feed to the router that admits. ``sender`` and ``ring`` are needed only
-    to send the tool dispatch an approval admits.
+    to send the tool dispatch an approval admits. ``observer`` (None: nobody) is told of each
+    step delivered and each commit lost.
     """
 
     def __init__(
@@ -115,8 +117,10 @@ class RouterApi:
         sender: Sender | None = None,
         ring: Callable[[], Ring] | None = None,
         clock: Callable[[], float] = time.time,
+        observer: CommitObserver | None = None,
     ) -> None:
         self.store, self.feed, self.config = store, feed, config
+        self.observer = observer
         self.agents = agents or AgentCache()
         self.gate_config, self.admitter = gate_config, admitter
         self.sender, self.ring, self.clock = sender, ring, clock
@@ -267,11 +271,12 @@ class RouterApi:
         """
         for _ in range(MAX_ATTEMPTS):
             rec = self.store.load(tenant, trajectory_id)
-            result = step(rec, event, self.agents.context(rec.agent))
+            ctx = self.agents.context(rec.agent)
+            result = step(rec, event, ctx)
             if result.record is rec:
                 return result
             try:
-                self.store.compare_and_set(result.record, rec.record_version, result.rows)
+                commit(self.store, rec, result, ctx, self.observer)
             except ConcurrentModification:
                 continue
             self._carry_out(result)
@@ -284,11 +289,12 @@ class RouterApi:
         rec = self.store.load(tenant, trajectory_id)
         if rec.record_version != version:
             return False
-        result = step(rec, Recover(now=self.clock(), worker=by), self.agents.context(rec.agent))
+        ctx = self.agents.context(rec.agent)
+        result = step(rec, Recover(now=self.clock(), worker=by), ctx)
         if result.record is rec:
             return False
         try:
-            self.store.compare_and_set(result.record, version, result.rows)
+            commit(self.store, rec, result, ctx, self.observer)
         except ConcurrentModification:
             return False
         self._carry_out(result)

@@ -52,7 +52,7 @@ from worker.backend import ToolBackend
 from worker.celery_app import broker_keyprefix, make_app, queue_for, take_queued_turns
 from worker.fleet_agents import AgentCache, BackendFactory, ModelOverrides, TurnTools
 from worker.providers.base import InflightCalls
-from worker.turn import TurnRunner
+from worker.turn import TurnObserver, TurnRunner
 
 log = logging.getLogger("reins.worker")
 DRAIN_POLL_S = 0.1  # how often a draining worker re-reads its queue and the acknowledgement
@@ -82,6 +82,7 @@ class FleetWorker:
         *,
         client: redis.Redis | None = None,
         env: Mapping[str, str] | None = None,
+        observer: TurnObserver | None = None,
     ) -> None:
         self.settings, self.options = settings, options
         self.name = options.name
@@ -115,6 +116,7 @@ class FleetWorker:
             inflight=self.inflight,
             listener=self.listener,
             holdings=Holdings(self.client, settings.key_prefix),
+            observer=observer,
         )
         self._stop = threading.Event()
         self._draining = threading.Event()
@@ -285,11 +287,14 @@ class FleetWorker:
         return self.queued() == 0 and self.runner.active == 0
 
 
-def run_worker(settings: Settings, options: WorkerOptions) -> int:
-    """Boot a worker and run it until it is told to stop; returns the exit code."""
+def run_worker(
+    settings: Settings, options: WorkerOptions, observer: TurnObserver | None = None
+) -> int:
+    """Boot a worker and run it until it is told to stop; returns the exit code. ``observer``
+    (metrics) is told of every turn the worker runs."""
     from celery import signals
 
-    worker = FleetWorker(settings, options)
+    worker = FleetWorker(settings, options, observer=observer)
     app = make_app(settings, on_turn=worker.handle_turn)
 
     def ready(**_: Any) -> None:

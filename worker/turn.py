@@ -32,6 +32,9 @@ Contracts:
   or, for a turn it cannot start (a record of a schema this build does not read, or a drain
   whose grace ran out), one hand-back, which a router sends on to another member with the
   same call ids and gate lease (:class:`~router.feed.HandBack`). Nothing is changed first.
+* **Observed, not metered here.** An optional :class:`TurnObserver` (Prometheus metrics from
+  ``ops``) is told each turn's wall time, each step committed (after its compare-and-set) and
+  each compare-and-set lost; without one, nothing is reported.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from kernel.errors import (
     ConcurrentModification,
@@ -77,6 +81,7 @@ from router.feed import (
     TurnMessage,
     ready_notice,
 )
+from router.observe import CommitObserver, provider_of
 from router.reconcile import Holdings
 from store.base import TrajectoryStore
 from worker.fleet_agents import TurnTools
@@ -95,6 +100,14 @@ class TurnReport:
     reason: str
     advanced: int  # versions committed during the turn (0: the record did not change)
     version: int
+
+
+class TurnObserver(CommitObserver, Protocol):
+    """Told of each turn's wall time as well as of each commit (``ops.metrics.Metrics`` is one)."""
+
+    def on_turn(self, worker: str, seconds: float) -> None:
+        """One turn took ``seconds`` of wall time on ``worker`` (however it ended)."""
+        ...
 
 
 class _Ignored(Exception):
@@ -123,8 +136,11 @@ class TurnRunner:
         listener: CancelListener | None = None,
         clock: Callable[[], float] = time.time,
         holdings: Holdings | None = None,
+        observer: TurnObserver | None = None,
     ) -> None:
         self.store, self.tools, self.feed, self.worker = store, tools, feed, worker
+        self.observer = observer
+        self._providers: dict[str, str] = {}  # agent -> provider label of its model calls
         self.holdings = holdings  # released after each notice (router.reconcile)
         self.inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
         self.listener = listener
@@ -138,7 +154,7 @@ class TurnRunner:
 
     def run(self, msg: TurnMessage, *, redelivered: bool = False) -> TurnReport:
         """Carry one turn through (see the module docstring); never raises for bad input."""
-        started = self.clock()
+        began, started = time.perf_counter(), self.clock()
         with self._lock:
             self.active += 1
             self.turns += 1
@@ -177,6 +193,8 @@ class TurnRunner:
         finally:
             with self._lock:
                 self.active -= 1
+            if self.observer is not None:
+                self.observer.on_turn(self.worker, time.perf_counter() - began)
         return report
 
     @staticmethod
@@ -353,12 +371,23 @@ class TurnRunner:
             try:
                 self.store.compare_and_set(result.record, rec.record_version, result.rows)
             except ConcurrentModification:
+                if self.observer is not None:
+                    self.observer.on_store_conflict()
                 rec = self.store.load(rec.tenant, rec.trajectory_id)
                 continue
+            if self.observer is not None:
+                self.observer.on_step_result(rec, result, self._provider(rec.agent))
             return result.record, result
         raise StoreError(
             f"{rec.trajectory_id}: lost {MAX_CAS_ATTEMPTS} commits in a row; giving the turn up"
         )
+
+    def _provider(self, agent: str) -> str:
+        """The provider this worker calls for ``agent`` (its model overrides applied)."""
+        found = self._providers.get(agent)
+        if found is None:
+            found = self._providers[agent] = provider_of(self.tools.route(agent))
+        return found
 
     def _notify(self, msg: TurnMessage, notice: Notice, used_tokens: int = -1) -> None:
         """Push the turn's one notice, carrying the gate lease back to the router."""

@@ -19,10 +19,10 @@
 -- and claimed: no other claim returns it until it is committed, declined or reaped. Claiming
 -- several calls in one run is claiming them one after another.
 --
--- Returns {n, refused, last refusal reason, now, then per claim: claim id, trajectory id, call
--- data, seq, requests, tokens, leases, rpm, tpm, concurrency (gate figures right after its
--- debit; zeros and -1 without a route), depths...}; {-2, lane, trajectory id, call data} for a
--- peek; {-3} if the nominated call is not the one expected.
+-- Returns {n, refused, last refusal reason, now, last refused route, then per claim: claim id,
+-- trajectory id, call data, seq, requests, tokens, leases, rpm, tpm, concurrency (gate figures
+-- right after its debit; zeros and -1 without a route), depths...}; {-2, lane, trajectory id,
+-- call data} for a peek; {-3} if the nominated call is not the one expected.
 local now = now_or_time(ARGV[1])
 local tries = tonumber(ARGV[2])
 if tries <= 0 then
@@ -39,7 +39,7 @@ for i = 9 + nskip, #ARGV do
 end
 local deadline = num(now + tonumber(ARGV[3]))
 local cap = const('cap')
-local reply = { 0, 0, '', num(now) }
+local reply = { 0, 0, '', num(now), '' }
 while reply[1] < count and reply[2] < tries do
   local lane, k, tid, data, charge = nominate(cap, skip, closed)
   if not lane then
@@ -73,7 +73,7 @@ while reply[1] < count and reply[2] < tries do
       end
     end
   else
-    reply[2], reply[3] = reply[2] + 1, why
+    reply[2], reply[3], reply[5] = reply[2] + 1, why, route
     skip[lane] = true
     closed[route] = true
   end

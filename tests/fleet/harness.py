@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -19,12 +19,13 @@ from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from router.feed import TurnMessage
 from router.membership import Membership
+from router.observe import RouterObserver
 from router.service import AdmitterKind, RouterOptions, RouterService
 from tests.conftest import REDIS_URL
 from worker.agents import AgentModule
 from worker.backend import ToolBackend
 from worker.fleet_agents import AgentCache, ModelOverrides, TurnTools
-from worker.turn import TurnReport, TurnRunner
+from worker.turn import TurnObserver, TurnReport, TurnRunner
 
 AGENT = "examples.support_store:agent_lookup"
 ORDER_TOTAL = 4200
@@ -52,8 +53,13 @@ def refund_job(order_id: str, agent: str = AGENT) -> dict[str, Any]:
     }
 
 
+class _Observer(RouterObserver, TurnObserver, Protocol):
+    """What watches the router and the worker of one process (``ops.metrics.Metrics``)."""
+
+
 class InProcessFleet:
-    """A router and one worker's turn runner in this process (see the module docstring)."""
+    """A router and one worker's turn runner in this process (see the module docstring);
+    ``observer`` (metrics) watches both."""
 
     def __init__(
         self,
@@ -63,6 +69,7 @@ class InProcessFleet:
         *,
         admitter: str = "redis",
         gates_file: str = "",
+        observer: _Observer | None = None,
     ) -> None:
         self.client, self.prefix = client, prefix
         self.settings = Settings.from_env(
@@ -80,7 +87,11 @@ class InProcessFleet:
             admitter=AdmitterKind(admitter),
         )
         self.service = RouterService(
-            self.settings, options, client=client, sender=lambda m, p: self.sent.append((m, p))
+            self.settings,
+            options,
+            client=client,
+            sender=lambda m, p: self.sent.append((m, p)),
+            observer=observer,
         )
         Membership(client, prefix).register("w1")
         self.service.tick()
@@ -90,7 +101,9 @@ class InProcessFleet:
         self.state = RedisState(client, prefix, seed=False)
         self.backend = SupportStoreBackend(self.state)
         tools = TurnTools(AgentCache(), {}, ModelOverrides(scripted_latency_s=0.0), self._backend)
-        self.runner = TurnRunner(store=self.store, tools=tools, feed=self.feed, worker="w1")
+        self.runner = TurnRunner(
+            store=self.store, tools=tools, feed=self.feed, worker="w1", observer=observer
+        )
         self.reports: list[TurnReport] = []
 
     def _backend(self, agent: AgentModule, ref: str) -> ToolBackend:

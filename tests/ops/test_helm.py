@@ -214,6 +214,15 @@ def test_metrics_are_scraped_by_annotations_or_service_monitor() -> None:
         assert notes["prometheus.io/port"] == str(port)
         (p,) = [p for p in container(docs, component)["ports"] if p["name"] == "metrics"]
         assert p["containerPort"] == port
+        # the process serves where the pod declares it, on every interface of the pod
+        env = reins_env(container(docs, component))
+        settings = Settings.from_env({k: e["value"] for k, e in env.items()})
+        assert (settings.metrics_port, settings.metrics_host) == (port, "0.0.0.0")
+    moved = render("metrics.port=9300")
+    for component in ("router", "worker"):
+        c = container(moved, component)
+        assert reins_env(c)["REINS_METRICS_PORT"]["value"] == "9300"
+        assert [p["containerPort"] for p in c["ports"] if p["name"] == "metrics"] == [9300]
     monitor = one(docs, "ServiceMonitor", "r-reins")
     wanted = monitor["spec"]["selector"]["matchLabels"]
     scraped = [

@@ -28,3 +28,15 @@ def test_bad_value_names_the_variable() -> None:
 
 def test_one_tree() -> None:
     assert issubclass(ConfigError, ReinsError)
+
+
+def test_metrics_are_off_by_default_and_the_port_is_bounded() -> None:
+    s = Settings.from_env({})
+    assert s.metrics_port == 0 and s.metrics_host == "127.0.0.1"
+    on = Settings.from_env({"REINS_METRICS_PORT": "9100", "REINS_METRICS_HOST": "0.0.0.0"})
+    assert (on.metrics_host, on.metrics_port) == ("0.0.0.0", 9100)
+    for bad in ("-1", "65536", "http"):
+        with pytest.raises(ConfigError, match="REINS_METRICS_PORT"):
+            Settings.from_env({"REINS_METRICS_PORT": bad})
+    with pytest.raises(ConfigError, match="REINS_METRICS_HOST"):
+        Settings.from_env({"REINS_METRICS_HOST": ""})
