@@ -258,10 +258,14 @@ class Feed:
 
     # --- notices -------------------------------------------------------------------------------
 
-    def push(self, *notices: Notice) -> None:
-        """Append notices to the feed (one round trip)."""
+    def push(self, *notices: Notice, pipe: Any = None) -> None:
+        """Append notices to the feed (one round trip, or queued on ``pipe``)."""
         if notices:
-            self.client.rpush(self.ready_key, *(n.encode() for n in notices))
+            (pipe or self.client).rpush(self.ready_key, *(n.encode() for n in notices))
+
+    def pipeline(self) -> Any:
+        """A pipeline (no transaction) on the feed's Redis, to join a push to other writes."""
+        return self.client.pipeline(transaction=False)
 
     def pop(self, limit: int = 256, block_s: float = 0.0) -> list[Notice]:
         """Take up to ``limit`` notices, oldest first; wait up to ``block_s`` for the first.

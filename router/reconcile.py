@@ -159,9 +159,15 @@ class Holdings:
 
     # --- the worker's side -------------------------------------------------------------------
 
-    def release(self, member: str, tenant: str, trajectory_id: str, version: int) -> bool:
-        """The turn sent at ``version`` ended on ``member`` (its notice is pushed)."""
+    def release(
+        self, member: str, tenant: str, trajectory_id: str, version: int, pipe: Any = None
+    ) -> bool:
+        """The turn sent at ``version`` ended on ``member`` (its notice is pushed). True when
+        a holding was deleted; with ``pipe`` the release is only queued on it (False)."""
         args = [f"{tenant}/{trajectory_id}", str(version), "version"]
+        if pipe is not None:
+            self._release(keys=[self.key(member)], args=args, client=pipe)
+            return False
         return bool(self._release(keys=[self.key(member)], args=args))
 
     # --- the reconciler's side ---------------------------------------------------------------

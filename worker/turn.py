@@ -395,11 +395,16 @@ class TurnRunner:
             notice = replace(
                 notice, lease=msg.lease, lease_route=msg.route, used_tokens=used_tokens
             )
+        pipe = self.feed.pipeline()  # the notice, then the release: one round trip
         try:
-            self.feed.push(notice)
-        except Exception:  # the feed is a hint; the router's rebuild finds READY work anyway
+            self.feed.push(notice, pipe=pipe)
+            if self.holdings is not None:
+                self.holdings.release(
+                    self.worker, msg.tenant, msg.trajectory_id, msg.version, pipe=pipe
+                )
+            pipe.execute()
+        except Exception:  # the feed is a hint; a kept holding is one the turn moved past
             log.exception("could not push the notice of %s", msg.trajectory_id)
-        self._release(msg)
 
     def hand_back(self, msg: TurnMessage, why: HandBackWhy) -> None:
         """Give ``msg`` back unstarted, instead of its notice: a router sends it on under the

@@ -14,7 +14,7 @@ import redis
 
 from kernel.record import OpStatus
 from kernel.states import LifecycleState, StopReason
-from router.feed import TurnMessage
+from router.feed import Feed, Notice, TurnMessage
 from router.membership import Membership
 from router.reconcile import Holdings, Reconciler
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
@@ -191,11 +191,12 @@ def test_a_turn_that_ended_ready_whose_notice_died_with_its_member_is_queued_aga
     class Killed(BaseException):
         pass
 
-    def killed(*_: Any) -> None:
-        raise Killed
+    class DiesAtTheNotice(Feed):
+        def push(self, *notices: Notice, pipe: Any = None) -> None:
+            raise Killed
 
     w1 = runner_of(inproc, "w1")
-    w1.feed = type("DeadFeed", (), {"push": staticmethod(killed)})()  # type: ignore[assignment]
+    w1.feed = DiesAtTheNotice(inproc.client, inproc.prefix)
     with pytest.raises(Killed):
         w1.run(msg)
     before = inproc.load("acme", tid)
