@@ -116,9 +116,23 @@ def make_app(settings: Settings, *, on_turn: TurnHandler | None = None) -> Celer
     return app
 
 
+def turn_repr(payload: dict[str, Any]) -> str:
+    """How a turn message shows in Celery's logs: which trajectory, at which version. Given
+    to Celery so it does not build a ``saferepr`` of the whole payload for every message."""
+    return (
+        f"[turn {payload.get('tenant')}/{payload.get('trajectory_id')} v{payload.get('version')}]"
+    )
+
+
 def send_turn(app: Celery, member: str, payload: dict[str, Any]) -> None:
     """Send one turn message to ``member``'s queue (fire and forget)."""
-    app.send_task(TURN_TASK, args=[payload], queue=queue_for(member))
+    app.send_task(
+        TURN_TASK,
+        args=[payload],
+        queue=queue_for(member),
+        argsrepr=turn_repr(payload),
+        kwargsrepr="{}",
+    )
 
 
 def send_noop(app: Celery, member: str) -> None:
@@ -163,15 +177,17 @@ class BatchSender:
 
     def __init__(self, app: Celery) -> None:
         self.app = app
-        self.pending: list[tuple[str, str, list[Any]]] = []
+        self.pending: list[tuple[str, str, list[Any], str]] = []
 
-    def add(self, task: str, member: str, args: list[Any] | None = None) -> None:
-        """Buffer one message for ``member``'s queue."""
-        self.pending.append((task, member, args or []))
+    def add(
+        self, task: str, member: str, args: list[Any] | None = None, argsrepr: str = "[]"
+    ) -> None:
+        """Buffer one message for ``member``'s queue (``argsrepr``: how logs show its args)."""
+        self.pending.append((task, member, args or [], argsrepr))
 
     def turn(self, member: str, payload: dict[str, Any]) -> None:
         """Buffer one turn message (the dispatcher's sender)."""
-        self.add(TURN_TASK, member, [payload])
+        self.add(TURN_TASK, member, [payload], turn_repr(payload))
 
     def flush(self) -> int:
         """Publish what is buffered; returns how many messages went out."""
@@ -179,6 +195,13 @@ class BatchSender:
         if not pending:
             return 0
         with self.app.producer_or_acquire() as producer, producer.batch():
-            for task, member, args in pending:
-                self.app.send_task(task, args=args, queue=queue_for(member), producer=producer)
+            for task, member, args, argsrepr in pending:
+                self.app.send_task(
+                    task,
+                    args=args,
+                    queue=queue_for(member),
+                    producer=producer,
+                    argsrepr=argsrepr,
+                    kwargsrepr="{}",
+                )
         return len(pending)
