@@ -60,6 +60,7 @@ class Amounts(BaseModel):
 
 NOTHING = Amounts()
 DIMENSIONS: tuple[Dimension, ...] = tuple(Dimension)
+DIMENSION_NAMES: tuple[str, ...] = tuple(d.value for d in Dimension)  # the Amounts fields
 
 
 class ModelPrice(BaseModel):

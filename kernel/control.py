@@ -245,9 +245,8 @@ def on_progress(turn: Turn, ev: ToolProgress) -> None:
     op = rec.operations.get(ev.call_id)
     if op is None or op.kind.value != "tool":
         raise UnknownReference(f"trajectory {rec.trajectory_id}: no tool call {ev.call_id}")
-    lines = rec.job_logs.setdefault(ev.call_id, [])
-    lines.append(ev.line[:500])
-    del lines[:-MAX_LOG_LINES]
+    lines = [*rec.job_logs.get(ev.call_id, ()), ev.line[:500]][-MAX_LOG_LINES:]
+    rec.job_logs = {**rec.job_logs, ev.call_id: lines}  # replaced, shared between versions
     turn.row(
         RowKind.TOOL,
         call_id=ev.call_id,

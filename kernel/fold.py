@@ -341,7 +341,8 @@ def dispatch(
     timeout = round(rec.budget.deadline_s - rec.active_s, 6)
     for op, (spec, _args, _step) in zip(planned, calls, strict=True):
         turn.commands.append(
-            DispatchTool(
+            construct(
+                DispatchTool,
                 call_id=op.call_id,
                 attempt_id=op.attempts[0],
                 tool=spec.name,

@@ -9,6 +9,8 @@ bounded-liability admission (seed 004 equation 1, componentwise)::
 (the reserve term is dropped only in FINALIZING, which is what the reserve is for). Only
 evidence settles or releases a reservation: there is no "release on timeout" method, by design.
 Methods mutate the ledger in place; the kernel always works on its own copy of a record.
+They write an account's figures straight into its ``__dict__``: accounts validate nothing on
+assignment, and this skips pydantic's bookkeeping on the kernel's most frequent writes.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernel.amounts import DIMENSIONS, NOTHING, ZERO, Amounts, Dimension
+from kernel.amounts import DIMENSION_NAMES, DIMENSIONS, NOTHING, ZERO, Amounts, Dimension
 from kernel.budget import Budget
 from kernel.errors import AdmissionRefused, InvalidInput, UnknownReference
-from kernel.fastmodel import shallow_copy
+from kernel.fastmodel import construct, shallow_copy
 
 
 class CountAccount(BaseModel):
@@ -62,12 +64,16 @@ class Ledger(BaseModel):
     @classmethod
     def open(cls, budget: Budget) -> Ledger:
         """A fresh ledger with the budget's allowances and finalization reserve."""
-        r = budget.reserve
-        return cls(
-            steps=CountAccount(allowance=budget.max_steps, reserve=r.steps),
-            tool_calls=CountAccount(allowance=budget.max_tool_calls, reserve=r.tool_calls),
-            tokens=CountAccount(allowance=budget.max_tokens, reserve=r.tokens),
-            dollars=MoneyAccount(allowance=budget.max_cost, reserve=r.dollars),
+        r = budget.reserve  # a validated budget: its figures need no second check
+        return construct(
+            cls,
+            steps=construct(CountAccount, allowance=budget.max_steps, reserve=r.steps),
+            tool_calls=construct(
+                CountAccount, allowance=budget.max_tool_calls, reserve=r.tool_calls
+            ),
+            tokens=construct(CountAccount, allowance=budget.max_tokens, reserve=r.tokens),
+            dollars=construct(MoneyAccount, allowance=budget.max_cost, reserve=r.dollars),
+            reservations={},
         )
 
     def clone(self) -> Ledger:
@@ -99,8 +105,9 @@ class Ledger(BaseModel):
 
     def first_misfit(self, liability: Amounts, *, finalizing: bool = False) -> Dimension | None:
         """The first dimension in which the liability does not fit, or None if it fits."""
+        amounts = liability.__dict__
         for dim in DIMENSIONS:
-            needed = liability.get(dim)
+            needed = amounts[dim]
             if needed and needed > self.headroom(dim, finalizing=finalizing):
                 return dim
         return None
@@ -150,11 +157,11 @@ class Ledger(BaseModel):
                 dim.value, liability.get(dim), self.headroom(dim, finalizing=finalizing)
             )
         self.reservations[op_id] = liability
-        for d in DIMENSIONS:
-            amount = liability.get(d)
+        accounts, amounts = self.__dict__, liability.__dict__
+        for name in DIMENSION_NAMES:
+            amount = amounts[name]
             if amount:
-                acct = self.account(d)
-                acct.reserved += amount
+                accounts[name].__dict__["reserved"] += amount  # see the module docstring
 
     def settle(self, op_id: str, usage: Amounts, *, final: bool = True) -> Amounts:
         """Record evidence of ``usage`` against the reservation of ``op_id``.
@@ -174,10 +181,11 @@ class Ledger(BaseModel):
         else:
             remaining = _clamped_minus(held, usage)
             consumed = _clamped_minus(held, remaining)
-        for d in DIMENSIONS:
-            acct = self.account(d)
-            acct.actual += usage.get(d)
-            acct.reserved -= consumed.get(d)
+        accounts, used, freed = self.__dict__, usage.__dict__, consumed.__dict__
+        for name in DIMENSION_NAMES:
+            figures = accounts[name].__dict__  # see the module docstring
+            figures["actual"] += used[name]
+            figures["reserved"] -= freed[name]
         if remaining is None:
             del self.reservations[op_id]
             return _clamped_minus(held, usage)

@@ -9,8 +9,8 @@ every exit passes FINALIZING, and nothing goes from an acting state straight to 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from kernel.errors import IllegalTransition, StaleDecision
 from kernel.record import ControlKind, TrajectoryRecord
@@ -52,8 +52,7 @@ LEGAL: frozenset[tuple[S, S]] = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """A request to move along one edge, formed on a record version the caller saw."""
 
     decision_id: str

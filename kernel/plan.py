@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernel.fastmodel import construct
 from kernel.record import PlanStep
 from kernel.tools import Catalog, ToolKind
 
@@ -47,9 +48,11 @@ def validate_plan(steps: Any, catalog: Catalog, max_steps: int) -> list[str]:
 
 
 def adopt(steps: list[dict[str, Any]]) -> list[PlanStep]:
-    """The validated plan as live plan steps, every one pending."""
+    """The validated plan (:func:`validate_plan` checked every field) as live plan steps,
+    every one pending."""
     return [
-        PlanStep(
+        construct(
+            PlanStep,
             id=s["id"],
             tool=s["tool"],
             depends_on=list(s.get("depends_on", [])),

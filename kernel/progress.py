@@ -8,10 +8,15 @@ from typing import Any
 
 from kernel.record import TrajectoryRecord
 
+# One encoder for every digest, without a check for cycles (its input is JSON data).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), default=str, check_circular=False
+)
+
 
 def canonical(value: Any) -> bytes:
     """Canonical JSON bytes: sorted keys, no whitespace; the input of every digest."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return _CANONICAL.encode(value).encode()
 
 
 def digest(value: Any, size: int = 16) -> str:
@@ -21,7 +26,8 @@ def digest(value: Any, size: int = 16) -> str:
 
 def signature(rec: TrajectoryRecord) -> str:
     """Hash of the facts and the plan step statuses; a step that leaves it unchanged stalled."""
-    return digest({"facts": rec.facts, "plan": [[s.id, s.status.value] for s in rec.plan]}, size=12)
+    # A status is a str enum: it encodes as its value.
+    return digest({"facts": rec.facts, "plan": [[s.id, s.status] for s in rec.plan]}, size=12)
 
 
 def fingerprint(tool: str, args: Any) -> str:

@@ -246,38 +246,37 @@ class TrajectoryRecord(BaseModel):
         )
 
     def clone(self) -> TrajectoryRecord:
-        """A copy the kernel may mutate without touching this record.
+        """A copy the kernel may change without touching this record.
 
-        Cheaper than a deep copy: frozen values (budget, amounts, evidence that is only ever
-        replaced) are shared; every container the kernel mutates in place is copied. The
-        step function's tests check that its input is never changed.
+        Cheaper than a deep copy. Shared: frozen values (budget, amounts), what the kernel
+        only ever replaces (grants, error streak, job logs, evidence), the plan (the kernel
+        copies its steps before changing one: ``Turn.own_plan``) and settled operations no
+        longer eligible for a result (nothing changes them again; a handed-off one may still
+        be settled, so it is copied). Every other container the kernel changes in place is
+        copied. The step function's tests check that its input is never changed.
         """
         new = shallow_copy(self)
         d = new.__dict__
-        d["plan"] = [shallow_copy(step) for step in self.plan]
-        d["facts"] = dict(self.facts)
+        d["facts"] = self.facts.copy()
         d["ledger"] = self.ledger.clone()
-        d["seen"] = dict(self.seen)
-        d["error_streak"] = shallow_copy(self.error_streak)
-        d["grants"] = shallow_copy(self.grants)
-        # A settled operation that no longer expects a result is never changed again, so it
-        # is shared; every other one is copied, with its list of attempts.
-        ops: dict[str, Operation] = {}
-        for k, op in self.operations.items():
-            if op.open or op.eligible:
-                op = shallow_copy(op)
-                op.__dict__["attempts"] = list(op.attempts)
-            ops[k] = op
+        d["seen"] = self.seen.copy()
+        ops = self.operations.copy()
+        for k, op in ops.items():
+            if op.eligible or op.status is not OpStatus.SETTLED:  # it may still change
+                op = ops[k] = shallow_copy(op)
+                op.__dict__["attempts"] = op.attempts.copy()
         d["operations"] = ops
-        d["held"] = shallow_copy(self.held) if self.held is not None else None
-        d["job_logs"] = {k: list(v) for k, v in self.job_logs.items()}
+        if self.held is not None:
+            d["held"] = shallow_copy(self.held)
         return new
 
     # --- serialisation ---------------------------------------------------------------------
 
     def to_json(self) -> bytes:
         """The canonical JSON bytes of the record."""
-        return self.model_dump_json().encode()
+        # The serializer itself: ``model_dump_json`` would add its argument handling and a
+        # decode to ``str`` that this would only encode again.
+        return self.__pydantic_serializer__.to_json(self)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> TrajectoryRecord:

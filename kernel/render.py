@@ -10,6 +10,10 @@ from kernel.record import PlanStep, TrajectoryRecord
 
 Estimator = Callable[[str], int]
 
+# What ``json.dumps(value, sort_keys=True)`` gives, without building an encoder per call or
+# checking for cycles (a view is built from JSON data, which has none).
+_SORTED = json.JSONEncoder(sort_keys=True, check_circular=False)
+
 
 def estimate_tokens(text: str) -> int:
     """Seed 000's rough estimate: four characters a token, rounded up."""
@@ -48,7 +52,7 @@ def render(rec: TrajectoryRecord) -> str:
             and op.kind.value == "tool"
             and op.epoch == rec.control_epoch
         }
-    return json.dumps(view, sort_keys=True)
+    return _SORTED.encode(view)
 
 
 def _step_view(step: PlanStep) -> dict[str, Any]:
@@ -56,7 +60,7 @@ def _step_view(step: PlanStep) -> dict[str, Any]:
         "id": step.id,
         "tool": step.tool,
         "depends_on": step.depends_on,
-        "status": step.status.value,
+        "status": step.status,  # a str enum: it encodes as its value
     }
     if step.args is not None:
         view["args"] = step.args
@@ -71,7 +75,7 @@ def bound_result(
     The summary keeps scalar fields that are short, and the size of every long one, so the model
     can still act on status codes and ids without the bulk.
     """
-    text = json.dumps(result, sort_keys=True)
+    text = _SORTED.encode(result)
     size = estimator(text)
     if size <= max_tokens:
         return result

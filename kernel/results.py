@@ -106,7 +106,7 @@ def _stage(turn: Turn, op: Operation, spec: ToolSpec | None, result: dict[str, A
     """Fold an eligible result into facts, plan statuses and the next view."""
     rec = turn.rec
     status, code = result.get("status"), result.get("code")
-    step = next((s for s in rec.plan if s.id == op.plan_step), None)
+    step = next((s for s in turn.own_plan() if s.id == op.plan_step), None)
     if status == "ok":
         turn.clear_error_streak()
         if step is not None:

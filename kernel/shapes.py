@@ -94,7 +94,7 @@ def advance(turn: Turn) -> None:
     done = {s.id for s in rec.plan if s.status is StepStatus.DONE}
     failed = {s.id for s in rec.plan if s.status is StepStatus.FAILED}
     ready: list[Call] = []
-    for step in rec.plan:
+    for step in turn.own_plan():
         if step.status is not StepStatus.PENDING or step.id in busy or step.id in results:
             continue
         needs = set(step.depends_on) | references(step.args)

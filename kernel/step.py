@@ -37,10 +37,18 @@ from kernel.events import (
     ToolProgress,
     ToolResulted,
 )
-from kernel.fastmodel import construct
+from kernel.fastmodel import construct, shallow_copy
 from kernel.lifecycle import Cause, Decision, transition
 from kernel.progress import signature
-from kernel.record import ApprovalStatus, Operation, OpKind, OpStatus, TrajectoryRecord
+from kernel.record import (
+    ApprovalStatus,
+    ErrorStreak,
+    Operation,
+    OpKind,
+    OpStatus,
+    PlanStep,
+    TrajectoryRecord,
+)
 from kernel.render import Estimator, estimate_tokens, render
 from kernel.states import LIVE, LifecycleState, StopReason, terminal_state_for
 from kernel.tools import ToolSpec
@@ -91,6 +99,7 @@ class Turn:
         self.quarantined: IllegalTransition | None = None
         self.note: str | None = None
         self.ack: dict[str, Any] | None = None
+        self._plan_owned = False
 
     # --- small helpers used by every handler -------------------------------------------
 
@@ -135,15 +144,22 @@ class Turn:
     def recoverable(self, kind: str, observation: dict[str, Any]) -> None:
         """A recoverable error: fed back as an observation and counted while it repeats."""
         streak = self.rec.error_streak
-        if streak.kind == kind:
-            streak.count += 1
-        else:
-            streak.kind, streak.count = kind, 1
+        count = streak.count + 1 if streak.kind == kind else 1
+        self.rec.error_streak = construct(ErrorStreak, kind=kind, count=count)  # replaced, shared
         self.observe(observation)
 
     def clear_error_streak(self) -> None:
         """A step without a recoverable error ends the streak."""
-        self.rec.error_streak.kind, self.rec.error_streak.count = None, 0
+        streak = self.rec.error_streak
+        if streak.kind is not None or streak.count:
+            self.rec.error_streak = construct(ErrorStreak)
+
+    def own_plan(self) -> list[PlanStep]:
+        """The plan, with steps this turn may change (the clone shares them with its input)."""
+        if not self._plan_owned:
+            self.rec.plan = [shallow_copy(s) for s in self.rec.plan]
+            self._plan_owned = True
+        return self.rec.plan
 
     def result(self) -> StepResult:
         """Package the outcome; the chain rows carry the version they are committed with."""
@@ -168,7 +184,7 @@ class Turn:
 
             carry_out_hold(self)
         else:
-            self.commands.append(Enqueue())
+            self.commands.append(construct(Enqueue))
 
     def stop(self, reason: StopReason, detail: str | None = None) -> None:
         """Every exit: FINALIZING, hand off what is still owed, the message, the terminal."""
@@ -188,39 +204,44 @@ class Turn:
         self.row(RowKind.STOP, outcome=rec.stop_reason.value, error=detail)
         target = terminal_state_for(rec.stop_reason)
         self.move(target, Cause.FINISH)
-        self.commands.append(Finish(state=target, stop=rec.stop_reason, message=message))
+        self.commands.append(construct(Finish, state=target, stop=rec.stop_reason, message=message))
 
 
 # --- the entry point -------------------------------------------------------------------------
 
 
+Handler = Callable[[Turn, Any], None]
+_HANDLERS: dict[type[Event], Handler] = {}
+
+
+def _handlers() -> dict[type[Event], Handler]:
+    """The handler of each event type, built on first use: its modules build on this one."""
+    if not _HANDLERS:
+        from kernel import control, fold, recovery, results
+
+        _HANDLERS.update(
+            {
+                Admit: lambda turn, ev: admit(turn),
+                ModelReplied: fold.on_model_reply,
+                ToolResulted: results.on_tool_result,
+                ApprovalDecided: control.on_approval,
+                ControlRequested: control.on_control,
+                Tick: lambda turn, ev: control.on_tick(turn),
+                ToolProgress: control.on_progress,
+                Finalize: finalize,
+                Recover: lambda turn, ev: recovery.on_recover(turn),
+            }
+        )
+    return _HANDLERS
+
+
 def step(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult:
     """Apply one event to a record; see the module docstring for the contract."""
-    from kernel import control, fold, results
-
-    turn = Turn(rec, ctx, event.now)
-    if isinstance(event, Admit):
-        admit(turn)
-    elif isinstance(event, ModelReplied):
-        fold.on_model_reply(turn, event)
-    elif isinstance(event, ToolResulted):
-        results.on_tool_result(turn, event)
-    elif isinstance(event, ApprovalDecided):
-        control.on_approval(turn, event)
-    elif isinstance(event, ControlRequested):
-        control.on_control(turn, event)
-    elif isinstance(event, Tick):
-        control.on_tick(turn)
-    elif isinstance(event, ToolProgress):
-        control.on_progress(turn, event)
-    elif isinstance(event, Finalize):
-        finalize(turn, event)
-    elif isinstance(event, Recover):
-        from kernel.recovery import on_recover
-
-        on_recover(turn)
-    else:  # pragma: no cover - the union is closed
+    handler = _handlers().get(type(event))
+    if handler is None:  # pragma: no cover - the union is closed
         raise TypeError(f"not an event: {event!r}")
+    turn = Turn(rec, ctx, event.now)
+    handler(turn, event)
     if not turn.rows and not turn.commands and turn.quarantined is None:
         # Nothing happened: return the caller's record untouched, so no version is spent.
         return StepResult(rec, note=turn.note, ack=turn.ack)
@@ -270,7 +291,7 @@ def escalate(turn: Turn, liability: Amounts) -> bool:
     stage = None
     if left <= policy.restrict_at_calls and rec.escalation != "restrict":
         stage = "restrict"
-        rec.grants.read_only = True
+        rec.grants = rec.grants.model_copy(update={"read_only": True})  # replaced, shared
     elif left <= policy.steer_at_calls and rec.escalation is None:
         stage = "steer"
     if stage is None:
@@ -341,7 +362,8 @@ def admit(turn: Turn) -> None:
         turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
         return
     turn.commands.append(
-        CallModel(
+        construct(
+            CallModel,
             call_id=call_id,
             attempt_id=attempt,
             view=view,

@@ -64,10 +64,11 @@ class MemoryStore(TrajectoryStore):
             return Outcome.CONFLICT, trajectory.version
         if commit.rows and len(trajectory.chain) != commit.first_row:
             return Outcome.CHAIN_GAP, len(trajectory.chain)
-        states = self._index.setdefault(commit.tenant, {})
-        if trajectory.state:
-            states[trajectory.state].discard(commit.trajectory_id)
-        states.setdefault(commit.state, set()).add(commit.trajectory_id)
+        if trajectory.state != commit.state:  # the index moves only when the state does
+            states = self._index.setdefault(commit.tenant, {})
+            if trajectory.state:
+                states[trajectory.state].discard(commit.trajectory_id)
+            states.setdefault(commit.state, set()).add(commit.trajectory_id)
         trajectory.chain.extend(commit.rows)
         trajectory.commits[commit.version] = commit.commit_id
         trajectory.version, trajectory.state = commit.version, commit.state
