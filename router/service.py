@@ -10,7 +10,9 @@ sends. Then, until SIGTERM:
   :class:`router.feed.HandBack`), reconcile lapsed claims, recover the turns held by a
   member whose heartbeat lapsed (:mod:`router.reconcile`; every turn message sent is
   recorded in its member's holdings first), and, as a slow backstop, turns stranded with no
-  holding (:mod:`router.stranded`);
+  holding (:mod:`router.stranded`); and every ``TICK_EVERY_S``, the kernel's ``Tick`` for
+  waiting trajectories, so wall-clock limits and approval expiry take effect
+  (:mod:`router.ticker`);
 * otherwise a *cycle*: take notices from the feed, settle and requeue, admit what fits.
 
 An observer (:class:`router.observe.RouterObserver`, Prometheus metrics from ``ops``) is
@@ -61,6 +63,7 @@ from router.redis_gates import RedisGates
 from router.stranded import StrandedTurns
 from router.submit import RouterApi
 from router.tenants import AdmissionConfig
+from router.ticker import Ticker
 from store.redis_store import RedisStore, client_from_url
 from worker.celery_app import BatchSender, make_app, send_turn
 from worker.fleet_agents import AgentCache
@@ -69,6 +72,7 @@ log = logging.getLogger("reins.router")
 _LEASE = Path(__file__).with_name("admit_lease.lua")
 SEND_BURST = 16  # admissions whose turn messages go out in one pipelined batch
 FLUSH_ADMISSIONS = 512  # admission figures written at once between ticks
+TICK_EVERY_S = 5.0  # how often waiting trajectories are told the time (router.ticker)
 HELD_APPROVALS_EVERY_S = 15.0  # held approvals are counted from the store's index this often
 
 
@@ -165,6 +169,9 @@ class RouterService:
             after_s=2 * settings.visibility_timeout_s,
             clock=time.monotonic,
         )
+        self.ticker = Ticker(
+            api, tuple(t.name for t in self.config.tenants), TICK_EVERY_S, clock=time.time
+        )
         self.reconciler = Reconciler(
             api,
             self.membership,
@@ -236,6 +243,7 @@ class RouterService:
         self.replica.refresh()
         self.send_on_handbacks()
         self.reconciler.tick()  # lapsed members' turns, then the stranded-turn backstop
+        self.ticker.tick()  # time for waiting trajectories (every TICK_EVERY_S)
         if self.shared:
             admitter: Any = self.dispatcher.admitter
             done = admitter.reconcile(store_readiness(self.store))
