@@ -350,8 +350,14 @@ class Dispatcher:
             sent_by=self.name,
             lease=lease,
             route=route,
+            lease_ttl_s=self._lease_ttl(route) if lease else 0.0,
         )
         return ring.lookup(placement_key(tenant, tid)), msg
+
+    def _lease_ttl(self, route: str | None) -> float:
+        """How often the worker must renew the turn's gate lease (0: the route has no gate)."""
+        limits = self.gate_config.routes.get(route) if route and self.gate_config else None
+        return limits.lease_ttl_s if limits is not None else 0.0
 
     def _send(
         self, call: ReadyCall, member: str, msg: TurnMessage, backlogged: bool, wait_s: float

@@ -158,6 +158,7 @@ class TurnMessage:
     lease: str = ""  # the gate lease taken at admission, handed back in the turn's notice
     route: str = ""
     refused_by: tuple[str, ...] = ()  # members that handed it back unable to read the record
+    lease_ttl_s: float = 0.0  # the gate lease lapses unless renewed this often (0: no lease)
 
     @property
     def call_id(self) -> str:
@@ -180,6 +181,7 @@ class TurnMessage:
             "lease": self.lease,
             "route": self.route,
             "refused_by": list(self.refused_by),
+            "lease_ttl_s": self.lease_ttl_s,
         }
 
     @classmethod
@@ -200,6 +202,7 @@ class TurnMessage:
                 lease=str(payload.get("lease", "")),
                 route=str(payload.get("route", "")),
                 refused_by=tuple(str(m) for m in payload.get("refused_by", ())),
+                lease_ttl_s=float(payload.get("lease_ttl_s", 0.0)),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise InvalidInput(f"malformed turn message: {exc}") from None

@@ -44,13 +44,16 @@ import redis
 from kernel.errors import InvalidInput, UnknownMember
 from kernel.settings import Settings
 from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
+from router.gates import GateConfig
 from router.membership import Membership
 from router.reconcile import Holdings
+from router.redis_gates import RedisGates
 from store.redis_store import RedisStore, client_from_url
 from worker.agents import AgentModule
 from worker.backend import ToolBackend
 from worker.celery_app import broker_keyprefix, make_app, queue_for, take_queued_turns
 from worker.fleet_agents import AgentCache, BackendFactory, ModelOverrides, TurnTools
+from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
 from worker.turn import TurnObserver, TurnRunner
 
@@ -108,6 +111,9 @@ class FleetWorker:
         tools = TurnTools(
             AgentCache(), env if env is not None else os.environ, options.overrides, factory
         )
+        # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
+        gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)
+        self.leases = LeaseKeeper(gates)
         self.runner = TurnRunner(
             store=self.store,
             tools=tools,
@@ -117,6 +123,7 @@ class FleetWorker:
             listener=self.listener,
             holdings=Holdings(self.client, settings.key_prefix),
             observer=observer,
+            leases=self.leases,
         )
         self._stop = threading.Event()
         self._draining = threading.Event()
@@ -207,6 +214,7 @@ class FleetWorker:
             except Exception:
                 log.exception("heartbeat of %s failed", self.name)
             self._flush_delays()
+            self.leases.renew_due()
 
     def _flush_delays(self) -> None:
         try:

@@ -85,6 +85,7 @@ from router.observe import CommitObserver, provider_of
 from router.reconcile import Holdings
 from store.base import TrajectoryStore
 from worker.fleet_agents import TurnTools
+from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
 
 S = LifecycleState
@@ -137,9 +138,11 @@ class TurnRunner:
         clock: Callable[[], float] = time.time,
         holdings: Holdings | None = None,
         observer: TurnObserver | None = None,
+        leases: LeaseKeeper | None = None,
     ) -> None:
         self.store, self.tools, self.feed, self.worker = store, tools, feed, worker
         self.observer = observer
+        self.leases = leases  # the turn's gate lease is kept alive while it runs
         self._providers: dict[str, str] = {}  # agent -> provider label of its model calls
         self.holdings = holdings  # released after each notice (router.reconcile)
         self.inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
@@ -160,6 +163,8 @@ class TurnRunner:
             self.turns += 1
             if msg.admitted_at > 0:
                 self._delays_ms.append(max(started - msg.admitted_at, 0.0) * 1000.0)
+        if self.leases is not None:
+            self.leases.hold(msg.route, msg.lease, msg.lease_ttl_s)
         used = [-1]
         try:
             report = self._run(msg, redelivered, used)
@@ -191,6 +196,7 @@ class TurnRunner:
             report = TurnReport(NoticeKind.IDLE, "failed", 0, msg.version)
             self._notify(msg, self._idle(msg))
         finally:
+            self._let_go(msg)
             with self._lock:
                 self.active -= 1
             if self.observer is not None:
@@ -391,6 +397,7 @@ class TurnRunner:
 
     def _notify(self, msg: TurnMessage, notice: Notice, used_tokens: int = -1) -> None:
         """Push the turn's one notice, carrying the gate lease back to the router."""
+        self._let_go(msg)  # the router settles the lease on the notice: renew it no more
         if msg.lease or used_tokens >= 0:
             notice = replace(
                 notice, lease=msg.lease, lease_route=msg.route, used_tokens=used_tokens
@@ -409,6 +416,7 @@ class TurnRunner:
     def hand_back(self, msg: TurnMessage, why: HandBackWhy) -> None:
         """Give ``msg`` back unstarted, instead of its notice: a router sends it on under the
         same call ids (a member that cannot read the record is not sent it again)."""
+        self._let_go(msg)  # the member the turn goes to keeps its lease alive
         refused = msg.refused_by + ((self.worker,) if why is HandBackWhy.SCHEMA else ())
         try:
             self.feed.hand_back(HandBack(self.worker, why, replace(msg, refused_by=refused)))
@@ -416,6 +424,10 @@ class TurnRunner:
             log.exception("could not hand back the turn of %s", msg.trajectory_id)
             return
         self._release(msg)
+
+    def _let_go(self, msg: TurnMessage) -> None:
+        if self.leases is not None and msg.lease:
+            self.leases.drop(msg.lease)
 
     def _release(self, msg: TurnMessage) -> None:
         if self.holdings is not None:

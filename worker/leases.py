@@ -1,0 +1,82 @@
+"""Gate leases of the turns a worker runs, kept alive while the turn lasts.
+
+A router admits a turn under a provider gate's concurrency lease (:mod:`router.gates`), which
+lapses ``lease_ttl_s`` after it was taken unless renewed: a holder that died must not keep its
+slot forever. A model call may outlast the ttl, and a lapsed lease frees its slot while the
+call is still in flight, so the gate would admit one more than its concurrency allows. The
+worker that carries the turn out therefore renews the lease (the turn message says its ttl)
+every third of the ttl until the turn ends; the router settles it when the turn's notice
+arrives.
+
+:class:`LeaseKeeper` is driven by the worker's heartbeat thread (:meth:`renew_due`), and told
+by the turn runner when a turn starts and ends (:meth:`hold`, :meth:`drop`). A renewal the gate
+refuses (the lease already lapsed or was settled) is logged and the lease is let go.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger("reins.worker.leases")
+
+
+class Renews(Protocol):
+    """What the keeper needs of the gates: renew one lease (True if it was still live)."""
+
+    def renew(self, route: str, lease_id: str) -> bool: ...
+
+
+class LeaseKeeper:
+    """Renews the gate leases of the turns in flight (see the module docstring)."""
+
+    def __init__(self, gates: Renews, clock: Callable[[], float] = time.monotonic) -> None:
+        self.gates, self.clock = gates, clock
+        self._held: dict[str, tuple[str, float, float]] = {}  # lease -> route, ttl, renew at
+        self._lock = threading.Lock()
+        self.renewed = 0
+        self.lost = 0
+
+    def hold(self, route: str, lease: str, ttl_s: float) -> None:
+        """A turn under ``lease`` started; renew it every ``ttl_s / 3`` until dropped."""
+        if lease and route and ttl_s > 0:
+            with self._lock:
+                self._held[lease] = (route, ttl_s, self.clock() + ttl_s / 3)
+
+    def drop(self, lease: str) -> None:
+        """The turn under ``lease`` ended (or went to another member): stop renewing it."""
+        with self._lock:
+            self._held.pop(lease, None)
+
+    def held(self) -> list[str]:
+        """The leases being kept alive now."""
+        with self._lock:
+            return sorted(self._held)
+
+    def renew_due(self) -> int:
+        """Renew every lease whose time has come; returns how many were renewed."""
+        now = self.clock()
+        with self._lock:
+            due = [(lease, r, ttl) for lease, (r, ttl, at) in self._held.items() if at <= now]
+        renewed = 0
+        for lease, route, ttl in due:
+            try:
+                live = self.gates.renew(route, lease)
+            except Exception:  # Redis unreachable: the next beat tries again
+                log.exception("could not renew gate lease %s on %s", lease, route)
+                continue
+            with self._lock:
+                if lease not in self._held:
+                    continue  # the turn ended meanwhile
+                if live:
+                    self._held[lease] = (route, ttl, now + ttl / 3)
+                    renewed += 1
+                else:
+                    del self._held[lease]
+                    self.lost += 1
+                    log.warning("gate lease %s on %s had lapsed; not renewed", lease, route)
+        self.renewed += renewed
+        return renewed
