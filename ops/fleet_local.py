@@ -108,6 +108,18 @@ class LocalFleet:
                 proc.wait(timeout=10)
         return proc.returncode
 
+    def wait_exit(self, name: str, timeout_s: float = 60.0) -> int:
+        """Wait for a process that was told to stop some other way (``reins ring drain``) to
+        exit by itself; SIGKILL it past the deadline. Its exit code."""
+        proc = self.procs[name]
+        self._ended.add(name)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise TimeoutError(f"{name} did not exit within {timeout_s:.0f}s") from None
+
     def kill(self, name: str) -> int:
         """SIGKILL one process (a crash) and reap it."""
         proc = self.procs[name]

@@ -5,10 +5,11 @@ Redis backend; the scripted model takes a while per call, so turns are in flight
 process is stopped. The broker's visibility timeout is far past the end of each test: nothing
 here may be rescued by the broker redelivering a message.
 
-* A rolling drain: each worker in turn is drained (SIGTERM) and restarted under its name while
-  jobs run. Nothing is lost (every trajectory ends ``done``), nothing is duplicated (one refund
-  and one email per order, one attempt per operation, nothing left uncertain), no turn is sent
-  to a member after its drain was acknowledged, and the reconciler never had to step in.
+* A rolling drain: each worker in turn is drained (SIGTERM to one, ``reins ring drain`` of the
+  other) and restarted under its name while jobs run. Nothing is lost (every trajectory ends
+  ``done``), nothing is duplicated (one refund and one email per order, one attempt per
+  operation, nothing left uncertain), no turn is sent to a member after its drain was
+  acknowledged, and the reconciler never had to step in.
 * A drain whose grace runs out with turns still queued hands them back unstarted; a router
   sends them on to the other member under the same call ids (one attempt each).
 * A router SIGKILLed mid-load and started again: admission resumes from the state in Redis and
@@ -27,6 +28,7 @@ from kernel.record import OpStatus, TrajectoryRecord
 from kernel.states import StopReason
 from ops.fleet_local import LocalFleet, wait_for
 from router.feed import Feed
+from router.membership import Membership
 from router.reconcile import Holdings
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
@@ -100,7 +102,12 @@ def test_a_rolling_drain_under_load_loses_nothing_and_duplicates_nothing(
             return len(holdings.held(m)) >= 8
 
         wait_for(busy, 60, f"{member} to hold 8 turns")
-        assert local_fleet.stop(member) == 0, local_fleet.log(member)[-3000:]
+        if member == "w1":
+            code = local_fleet.stop(member)  # SIGTERM, as a deploy's pod shutdown
+        else:  # `reins ring drain w2`: the worker sees the flag, drains and exits by itself
+            Membership(redis_client, key_prefix).drain(member)
+            code = local_fleet.wait_exit(member)
+        assert code == 0, local_fleet.log(member)[-3000:]
         log = local_fleet.log(member)
         assert f"drain of {member} acknowledged by" in log
         assert "after the drain was acknowledged" not in log
