@@ -11,12 +11,13 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernel.fastmodel import construct
+from kernel.fastmodel import construct, pinned_values
 
 MILLION = Decimal(1_000_000)
 ZERO = Decimal(0)
 
 
+@pinned_values
 class Dimension(StrEnum):
     """A cumulative budget dimension; each has its own account in the ledger."""
 
@@ -107,9 +108,18 @@ def model_call_charge(price: ModelPrice, usage: Usage) -> Amounts:
 
 def tool_call_liability(dollar_bound: Decimal) -> Amounts:
     """A tool call's liability: one tool call and the dollar bound its declaration gives."""
+    if dollar_bound is ZERO:
+        return ONE_TOOL_CALL
     return Amounts.of(tool_calls=1, dollars=dollar_bound)
 
 
 def tool_call_charge(dollars: Decimal) -> Amounts:
     """The settled charge of one tool call."""
+    if dollars is ZERO:
+        return ONE_TOOL_CALL
     return Amounts.of(tool_calls=1, dollars=dollars)
+
+
+# One tool call and no dollars: most calls' liability and charge. Amounts are frozen, so the
+# kernel shares this one value (callers pass ``ZERO`` itself for "no dollars").
+ONE_TOOL_CALL = Amounts.of(tool_calls=1)

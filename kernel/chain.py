@@ -11,7 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from kernel.fastmodel import pinned_values
 
+
+@pinned_values
 class RowKind(StrEnum):
     """What a chain row records."""
 

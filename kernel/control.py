@@ -8,9 +8,7 @@ Withdrawal never refunds: outstanding operations keep their reservations until e
 
 from __future__ import annotations
 
-from decimal import Decimal
-
-from kernel.amounts import tool_call_liability
+from kernel.amounts import ZERO, tool_call_liability
 from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
 from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue, ToolProgress
@@ -176,7 +174,7 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
     spec = agent.catalog.get(held.tool)
     if spec is None:  # pragma: no cover - the catalog is fixed for a run
         raise UnknownReference(f"tool {held.tool} is not in the catalog")
-    fits = rec.ledger.fits(tool_call_liability(spec.liability or Decimal(0)))
+    fits = rec.ledger.fits(tool_call_liability(spec.liability or ZERO))
     clocks_ok = clock_refusal(rec, ev.now) is None
     granted = spec.permitted(rec.grants, held.args)
     capacity = turn.ctx.capacity(rec, spec, held.args) if turn.ctx.capacity else True

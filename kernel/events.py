@@ -14,10 +14,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.amounts import Usage
+from kernel.fastmodel import pinned_values
 from kernel.record import ControlKind
 from kernel.states import LifecycleState, StopReason
 
 
+@pinned_values
 class ReplyStatus(StrEnum):
     """The normalised status of one model call (seed 004 table 4)."""
 

@@ -5,26 +5,52 @@ Only for values the kernel itself computed; anything from outside is validated a
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
 M = TypeVar("M", bound=BaseModel)
+E = TypeVar("E", bound=type[Enum])
 
-# Bound once: these run several times per model built, on every step.
+# Bound once: these run several times per model built, on every step. A model's state lives
+# in the four slots BaseModel declares; their descriptors set them more cheaply than
+# ``object.__setattr__`` (which builds two argument tuples per call).
 _new = object.__new__
-_set = object.__setattr__
+_slot = BaseModel.__dict__
+_set_dict = _slot["__dict__"].__set__
+_set_fields_set = _slot["__pydantic_fields_set__"].__set__
+_set_extra = _slot["__pydantic_extra__"].__set__
+_set_private = _slot["__pydantic_private__"].__set__
 
 
 def shallow_copy(model: M) -> M:
     """A shallow copy of a pydantic model without re-validation (``model_copy`` minus its
     overhead, which shows on the kernel's hot path)."""
-    new = _new(model.__class__)
-    _set(new, "__dict__", model.__dict__.copy())
-    _set(new, "__pydantic_fields_set__", model.__pydantic_fields_set__)
-    _set(new, "__pydantic_extra__", None)
-    _set(new, "__pydantic_private__", None)
+    new = _new(type(model))
+    _set_dict(new, model.__dict__.copy())
+    _set_fields_set(new, model.__pydantic_fields_set__)
+    _set_extra(new, None)
+    _set_private(new, None)
     return new
+
+
+class Mutable(BaseModel):
+    """Base of the models the kernel changes in place, always on its own copy of a record.
+
+    Assigning a field writes it straight into the instance: these models validate nothing on
+    assignment, and pydantic's general ``__setattr__`` (handlers, frozen checks, the set of
+    fields set, which nothing here reads) shows on the kernel's most frequent writes. Any
+    other name goes through pydantic as before, so a name that is not a field still fails.
+    """
+
+    if not TYPE_CHECKING:  # mypy keeps checking assignments against the declared fields
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in self.__pydantic_fields__:
+                self.__dict__[name] = value
+            else:
+                super().__setattr__(name, value)
 
 
 _TEMPLATES: dict[type[BaseModel], dict[str, Any]] = {}
@@ -44,11 +70,31 @@ def construct(cls: type[M], **values: Any) -> M:
             for name, f in cls.model_fields.items()
         }
         _TEMPLATES[cls] = template
-    fields = template.copy()
-    fields.update(values)  # an update keeps the template's (declared) order
+    fields = {**template, **values}  # the template's keys first: the declared order
     new = _new(cls)
-    _set(new, "__dict__", fields)
-    _set(new, "__pydantic_fields_set__", set(values))
-    _set(new, "__pydantic_extra__", None)
-    _set(new, "__pydantic_private__", None)
+    _set_dict(new, fields)
+    _set_fields_set(new, set(values))
+    _set_extra(new, None)
+    _set_private(new, None)
     return new
+
+
+class _PinnedValue:
+    """A non-data descriptor for ``value``: the member's own attribute wins over it."""
+
+    def __get__(self, member: Enum | None, owner: type[Enum] | None = None) -> Any:
+        return self if member is None else member._value_
+
+
+def pinned_values(cls: E) -> E:
+    """Make ``member.value`` a plain attribute read for every member of ``cls``.
+
+    pydantic serialises an enum field by reading the member's ``value``, and the kernel reads
+    it too; ``Enum.value`` is a Python-level property (two calls per read), which shows on
+    records serialised after every step. Each member keeps its value in its ``__dict__``, so
+    the read happens in C; the value itself, equality, hashing and pickling are unchanged.
+    """
+    type.__setattr__(cls, "value", _PinnedValue())  # shadows Enum's data descriptor
+    for member in cls:
+        member.__dict__["value"] = member._value_
+    return cls

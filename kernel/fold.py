@@ -7,12 +7,13 @@ reply can become a proposal (table 4); anything else is an observation or diagno
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from kernel import shapes
 from kernel.amounts import (
     NOTHING,
+    ZERO,
+    Dimension,
     model_call_charge,
     tool_call_liability,
 )
@@ -20,7 +21,7 @@ from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
 from kernel.events import DispatchTool, HoldForApproval, ModelReplied, ReplyStatus
 from kernel.fastmodel import construct
-from kernel.lifecycle import Cause
+from kernel.lifecycle import Cause, transition
 from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import digest, fingerprint
 from kernel.record import HeldProposal, Operation, OpKind, OpStatus
@@ -51,7 +52,7 @@ def on_model_reply(turn: Turn, ev: ModelReplied) -> None:
     if ev.status is not ReplyStatus.COMPLETED and ev.raw is not None:
         op.evidence["raw"] = ev.raw
     if ev.usage is not None:
-        rec.ledger.settle(attempt, model_call_charge(turn.ctx.agent.model.price, ev.usage))
+        rec.ledger.book(attempt, model_call_charge(turn.ctx.agent.model.price, ev.usage))
         op.status = OpStatus.SETTLED
     else:
         op.status = OpStatus.UNKNOWN  # no usage evidence: the reservation stays
@@ -301,7 +302,7 @@ def dispatch(
                 attempts=[f"{call_id}/a1"],
                 idempotency_key=keys[j] if keys else call_key(turn, plan_step, j),
                 epoch=rec.control_epoch,
-                reservation=tool_call_liability(spec.liability or Decimal(0)),
+                reservation=tool_call_liability(spec.liability or ZERO),
                 tool=spec.name,
                 args=args,
                 plan_step=plan_step,
@@ -317,13 +318,11 @@ def dispatch(
                 done.append(op.attempts[0])
         except AdmissionRefused:
             for attempt in done:  # not sent: nothing left the process, so nothing is owed
-                r.ledger.settle(attempt, NOTHING)
+                r.ledger.book(attempt, NOTHING)
             raise
         for op in planned:
             r.operations[op.op_id] = op
         r.tool_dispatches += len(planned)
-
-    from kernel.lifecycle import transition
 
     try:
         if cause is None:
@@ -331,8 +330,6 @@ def dispatch(
         else:
             transition(rec, S.WAITING_TOOL, turn.decide(cause), turn.now, admit=register)
     except AdmissionRefused as refused:
-        from kernel.amounts import Dimension
-
         turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
         return
     wait_s = turn.ctx.agent.wait.deadline_s

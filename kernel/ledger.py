@@ -8,9 +8,11 @@ bounded-liability admission (seed 004 equation 1, componentwise)::
 
 (the reserve term is dropped only in FINALIZING, which is what the reserve is for). Only
 evidence settles or releases a reservation: there is no "release on timeout" method, by design.
-Methods mutate the ledger in place; the kernel always works on its own copy of a record.
-They write an account's figures straight into its ``__dict__``: accounts validate nothing on
-assignment, and this skips pydantic's bookkeeping on the kernel's most frequent writes.
+Methods change the ledger in place (the kernel always works on its own copy of a record) but
+never an account: a ledger's copy shares the accounts, and a write replaces the account it
+changes with a new one. They write the new account's figures straight into its ``__dict__``:
+accounts validate nothing on assignment, and this skips pydantic's bookkeeping on the
+kernel's most frequent writes.
 """
 
 from __future__ import annotations
@@ -77,12 +79,10 @@ class Ledger(BaseModel):
         )
 
     def clone(self) -> Ledger:
-        """A copy whose accounts and reservation table can change independently."""
+        """A copy whose accounts and reservation table can change independently (the accounts
+        are shared until a write replaces one; see the module docstring)."""
         new = shallow_copy(self)
-        d = new.__dict__
-        for name in ("steps", "tool_calls", "tokens", "dollars"):
-            d[name] = shallow_copy(d[name])
-        d["reservations"] = dict(self.reservations)
+        new.__dict__["reservations"] = dict(self.reservations)
         return new
 
     def account(self, dim: Dimension) -> Account:
@@ -105,11 +105,14 @@ class Ledger(BaseModel):
 
     def first_misfit(self, liability: Amounts, *, finalizing: bool = False) -> Dimension | None:
         """The first dimension in which the liability does not fit, or None if it fits."""
-        amounts = liability.__dict__
+        accounts, amounts = self.__dict__, liability.__dict__
         for dim in DIMENSIONS:
             needed = amounts[dim]
-            if needed and needed > self.headroom(dim, finalizing=finalizing):
-                return dim
+            if needed:
+                a = accounts[dim]  # :meth:`headroom`, inline: this runs at every admission
+                protected = 0 if finalizing else a.reserve
+                if needed > a.allowance - a.actual - a.reserved - protected:
+                    return dim
         return None
 
     def fits(self, liability: Amounts, *, finalizing: bool = False) -> bool:
@@ -161,7 +164,8 @@ class Ledger(BaseModel):
         for name in DIMENSION_NAMES:
             amount = amounts[name]
             if amount:
-                accounts[name].__dict__["reserved"] += amount  # see the module docstring
+                account = accounts[name] = shallow_copy(accounts[name])  # see the docstring
+                account.__dict__["reserved"] += amount
 
     def settle(self, op_id: str, usage: Amounts, *, final: bool = True) -> Amounts:
         """Record evidence of ``usage`` against the reservation of ``op_id``.
@@ -175,6 +179,15 @@ class Ledger(BaseModel):
         held = self.reservations.get(op_id)
         if held is None:
             raise UnknownReference(f"no reservation for operation {op_id}")
+        self.book(op_id, usage, final=final)
+        return _clamped_minus(held, usage) if final else NOTHING
+
+    def book(self, op_id: str, usage: Amounts, *, final: bool = True) -> None:
+        """:meth:`settle` without working out what went back to headroom (the kernel's path:
+        it never reads that figure, and building it costs as much as the settlement)."""
+        held = self.reservations.get(op_id)
+        if held is None:
+            raise UnknownReference(f"no reservation for operation {op_id}")
         if final:
             remaining = None
             consumed = held
@@ -183,14 +196,17 @@ class Ledger(BaseModel):
             consumed = _clamped_minus(held, remaining)
         accounts, used, freed = self.__dict__, usage.__dict__, consumed.__dict__
         for name in DIMENSION_NAMES:
-            figures = accounts[name].__dict__  # see the module docstring
-            figures["actual"] += used[name]
-            figures["reserved"] -= freed[name]
+            spent, released = used[name], freed[name]
+            if not (spent or released) and name != Dimension.DOLLARS:
+                continue  # integer zeros change nothing (a Decimal zero can: its exponent)
+            account = accounts[name] = shallow_copy(accounts[name])  # see the module docstring
+            figures = account.__dict__
+            figures["actual"] += spent
+            figures["reserved"] -= released
         if remaining is None:
             del self.reservations[op_id]
-            return _clamped_minus(held, usage)
-        self.reservations[op_id] = remaining
-        return NOTHING
+        else:
+            self.reservations[op_id] = remaining
 
 
 def _clamped_minus(a: Amounts, b: Amounts) -> Amounts:

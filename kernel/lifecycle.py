@@ -13,12 +13,14 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from kernel.errors import IllegalTransition, StaleDecision
+from kernel.fastmodel import pinned_values
 from kernel.record import ControlKind, TrajectoryRecord
 from kernel.states import LIVE, TERMINAL, LifecycleState, StopReason, terminal_state_for
 
 S = LifecycleState
 
 
+@pinned_values
 class Cause(StrEnum):
     """Why a transition is requested; guards check that the cause fits the edge."""
 

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
+from kernel.jsontext import canonical_text
 from kernel.record import TrajectoryRecord
-
-# One encoder for every digest, without a check for cycles (its input is JSON data).
-_CANONICAL = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), default=str, check_circular=False
-)
 
 
 def canonical(value: Any) -> bytes:
     """Canonical JSON bytes: sorted keys, no whitespace; the input of every digest."""
-    return _CANONICAL.encode(value).encode()
+    return canonical_text(value).encode()
 
 
 def digest(value: Any, size: int = 16) -> str:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kernel.amounts import Amounts
 from kernel.budget import Budget
 from kernel.errors import UnsupportedSchema
-from kernel.fastmodel import shallow_copy
+from kernel.fastmodel import Mutable, pinned_values, shallow_copy
 from kernel.ledger import Ledger
 from kernel.states import LifecycleState, StopReason
 
@@ -29,6 +29,7 @@ SCHEMA_VERSION = 1
 JsonScalar = str | int | float | bool | None
 
 
+@pinned_values
 class StepStatus(StrEnum):
     """Status of one plan step."""
 
@@ -37,7 +38,7 @@ class StepStatus(StrEnum):
     FAILED = "failed"
 
 
-class PlanStep(BaseModel):
+class PlanStep(Mutable):
     """One step of the live plan: a tool, its prerequisites and its status."""
 
     model_config = ConfigDict(extra="forbid")
@@ -49,6 +50,7 @@ class PlanStep(BaseModel):
     args: dict[str, Any] | None = None  # set when the plan is executed without the model
 
 
+@pinned_values
 class OpKind(StrEnum):
     """What an operation calls."""
 
@@ -56,6 +58,7 @@ class OpKind(StrEnum):
     TOOL = "tool"
 
 
+@pinned_values
 class OpStatus(StrEnum):
     """Where an operation stands in its settlement lifecycle."""
 
@@ -65,7 +68,7 @@ class OpStatus(StrEnum):
     HANDED_OFF = "handed_off"  # transferred to a named owner with evidence and reservation
 
 
-class Operation(BaseModel):
+class Operation(Mutable):
     """One entry of the operation table: a registered model or tool call (seed 004 10.3)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -92,6 +95,7 @@ class Operation(BaseModel):
         return self.status in (OpStatus.REGISTERED, OpStatus.UNKNOWN)
 
 
+@pinned_values
 class ApprovalStatus(StrEnum):
     """Where a held proposal stands."""
 
@@ -102,7 +106,7 @@ class ApprovalStatus(StrEnum):
     WITHDRAWN = "withdrawn"
 
 
-class HeldProposal(BaseModel):
+class HeldProposal(Mutable):
     """An exact proposed action frozen for review (approval escrow, seed 004 10.7)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -121,6 +125,7 @@ class HeldProposal(BaseModel):
     decided_at: float | None = None  # when a decision (or expiry, or withdrawal) closed it
 
 
+@pinned_values
 class ControlKind(StrEnum):
     """Control actions an authorised operator may request (seed 004 table 6)."""
 
@@ -169,7 +174,7 @@ class ErrorStreak(BaseModel):
     count: int = 0
 
 
-class TrajectoryRecord(BaseModel):
+class TrajectoryRecord(Mutable):
     """The authoritative control state of one trajectory."""
 
     model_config = ConfigDict(extra="forbid")
@@ -249,25 +254,26 @@ class TrajectoryRecord(BaseModel):
         """A copy the kernel may change without touching this record.
 
         Cheaper than a deep copy. Shared: frozen values (budget, amounts), what the kernel
-        only ever replaces (grants, error streak, job logs, evidence), the plan (the kernel
-        copies its steps before changing one: ``Turn.own_plan``) and settled operations no
-        longer eligible for a result (nothing changes them again; a handed-off one may still
-        be settled, so it is copied). Every other container the kernel changes in place is
-        copied. The step function's tests check that its input is never changed.
+        only ever replaces (grants, error streak, job logs, evidence), the ledger's accounts
+        (a write replaces one), the plan (the kernel copies a step before changing it:
+        ``Turn.own_step``) and settled operations no longer eligible for a result (nothing
+        changes them again; a handed-off one may still be settled, so it is copied). Every
+        other container the kernel changes in place is copied. The step function's tests
+        check that its input is never changed.
         """
         new = shallow_copy(self)
-        d = new.__dict__
-        d["facts"] = self.facts.copy()
-        d["ledger"] = self.ledger.clone()
-        d["seen"] = self.seen.copy()
-        ops = self.operations.copy()
+        d = new.__dict__  # the copy's fields, read and replaced here straight in its __dict__
+        d["facts"] = d["facts"].copy()
+        d["ledger"] = d["ledger"].clone()
+        d["seen"] = d["seen"].copy()
+        ops = d["operations"] = d["operations"].copy()
         for k, op in ops.items():
-            if op.eligible or op.status is not OpStatus.SETTLED:  # it may still change
+            fields = op.__dict__
+            if fields["eligible"] or fields["status"] is not OpStatus.SETTLED:  # it may change
                 op = ops[k] = shallow_copy(op)
-                op.__dict__["attempts"] = op.attempts.copy()
-        d["operations"] = ops
-        if self.held is not None:
-            d["held"] = shallow_copy(self.held)
+                op.__dict__["attempts"] = fields["attempts"].copy()
+        if d["held"] is not None:
+            d["held"] = shallow_copy(d["held"])
         return new
 
     # --- serialisation ---------------------------------------------------------------------

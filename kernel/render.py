@@ -6,13 +6,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from kernel.jsontext import sorted_text
 from kernel.record import PlanStep, TrajectoryRecord
 
 Estimator = Callable[[str], int]
-
-# What ``json.dumps(value, sort_keys=True)`` gives, without building an encoder per call or
-# checking for cycles (a view is built from JSON data, which has none).
-_SORTED = json.JSONEncoder(sort_keys=True, check_circular=False)
 
 
 def estimate_tokens(text: str) -> int:
@@ -52,7 +49,7 @@ def render(rec: TrajectoryRecord) -> str:
             and op.kind.value == "tool"
             and op.epoch == rec.control_epoch
         }
-    return _SORTED.encode(view)
+    return sorted_text(view)
 
 
 def _step_view(step: PlanStep) -> dict[str, Any]:
@@ -75,7 +72,7 @@ def bound_result(
     The summary keeps scalar fields that are short, and the size of every long one, so the model
     can still act on status codes and ids without the bulk.
     """
-    text = _SORTED.encode(result)
+    text = sorted_text(result)
     size = estimator(text)
     if size <= max_tokens:
         return result

@@ -7,11 +7,10 @@ write whose outcome is unknown is resolved as its tool declares, never retried b
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from kernel import shapes, waits
-from kernel.amounts import Amounts, tool_call_charge, tool_call_liability
+from kernel.amounts import ZERO, Amounts, tool_call_charge, tool_call_liability
 from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, UnknownReference
 from kernel.events import DispatchTool, LookupEffect
@@ -59,7 +58,7 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
         # earlier attempts (sent, so counted, but without effect); then re-send under the key.
         for attempt in op.attempts:
             if attempt in rec.ledger.reservations:
-                rec.ledger.settle(attempt, Amounts.of(tool_calls=1))
+                rec.ledger.book(attempt, Amounts.of(tool_calls=1))
     unknown = status == "unknown" or (ev.looked_up and status == "absent")
     if unknown and spec is not None and spec.kind is ToolKind.WRITE:
         resolve_unknown(turn, op, spec, ev.looked_up)
@@ -77,7 +76,7 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
         else:
             shapes.advance(turn)
         return
-    waits.after_result(turn, waits.arrived(turn))
+    waits.after_result(turn)
 
 
 def _settle_tool(turn: Turn, op: Operation, ev: ToolResultEvent) -> None:
@@ -90,11 +89,11 @@ def _settle_tool(turn: Turn, op: Operation, ev: ToolResultEvent) -> None:
         if attempt == ev.attempt_id or ev.looked_up:
             if ev.charge is None and held.dollars > 0:
                 # The call happened, the bill has not come: count the call, keep the dollars.
-                led.settle(attempt, Amounts.of(tool_calls=held.tool_calls), final=False)
+                led.book(attempt, Amounts.of(tool_calls=held.tool_calls), final=False)
                 continue
-            led.settle(attempt, tool_call_charge(ev.charge or Decimal(0)))
+            led.book(attempt, tool_call_charge(ev.charge or ZERO))
         elif held.dollars == 0:
-            led.settle(attempt, Amounts.of(tool_calls=held.tool_calls))
+            led.book(attempt, Amounts.of(tool_calls=held.tool_calls))
     op.status = (
         OpStatus.SETTLED
         if not any(a in led.reservations for a in op.attempts)
@@ -106,7 +105,7 @@ def _stage(turn: Turn, op: Operation, spec: ToolSpec | None, result: dict[str, A
     """Fold an eligible result into facts, plan statuses and the next view."""
     rec = turn.rec
     status, code = result.get("status"), result.get("code")
-    step = next((s for s in turn.own_plan() if s.id == op.plan_step), None)
+    step = turn.own_step(op.plan_step)
     if status == "ok":
         turn.clear_error_streak()
         if step is not None:
@@ -154,7 +153,7 @@ def resolve_unknown(turn: Turn, op: Operation, spec: ToolSpec, looked_up: bool =
     # resend (or a lookup that found no effect): a new attempt under the same key,
     # registered and reserved before it is sent.
     try:
-        rec.ledger.admit(attempt, tool_call_liability(spec.liability or Decimal(0)))
+        rec.ledger.admit(attempt, tool_call_liability(spec.liability or ZERO))
     except AdmissionRefused as refused:
         from kernel.amounts import Dimension
 

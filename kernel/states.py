@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from kernel.fastmodel import pinned_values
 
+
+@pinned_values
 class LifecycleState(StrEnum):
     """The nine states of the supervisory state machine (seed 004, table 3)."""
 
@@ -33,6 +36,7 @@ TERMINAL = frozenset({LifecycleState.COMPLETED, LifecycleState.FAILED, Lifecycle
 ACTING = frozenset({LifecycleState.CALLING_MODEL, LifecycleState.WAITING_TOOL})
 
 
+@pinned_values
 class StopReason(StrEnum):
     """Why a run ended: the closed list. Approval is not here: it is a state, not a stop."""
 

@@ -62,6 +62,7 @@ MISFIT_STOP = {
     Dimension.DOLLARS: StopReason.MAX_COST,
 }
 RECONCILER = "reconciler"  # the owner an unsettled operation is handed to at exit
+ENQUEUE = Enqueue()  # commands are frozen values: one serves every turn that ends READY
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,19 @@ class StepResult:
 class Turn:
     """The mutable working state of one step: a private copy of the record plus outputs."""
 
+    __slots__ = (
+        "_owned_steps",
+        "_plan_owned",
+        "ack",
+        "commands",
+        "ctx",
+        "note",
+        "now",
+        "quarantined",
+        "rec",
+        "rows",
+    )
+
     def __init__(self, rec: TrajectoryRecord, ctx: KernelContext, now: float) -> None:
         self.rec = rec.clone()
         self.ctx = ctx
@@ -100,15 +114,14 @@ class Turn:
         self.note: str | None = None
         self.ack: dict[str, Any] | None = None
         self._plan_owned = False
+        self._owned_steps: set[str] = set()  # plan steps copied one by one (``own_step``)
 
     # --- small helpers used by every handler -------------------------------------------
 
     def decide(self, cause: Cause, stop: StopReason | None = None) -> Decision:
         """A decision on the current version of the working copy."""
-        rid = f"{self.rec.trajectory_id}/v{self.rec.record_version}/{cause.value}"
-        return Decision(
-            decision_id=rid, seen_version=self.rec.record_version, cause=cause, stop=stop
-        )
+        tid, version = self.rec.trajectory_id, self.rec.record_version
+        return Decision(f"{tid}/v{version}/{cause.value}", version, cause, stop)
 
     def move(self, target: S, cause: Cause, stop: StopReason | None = None) -> None:
         """Take one edge of the lifecycle table (raises if the table or a guard refuses)."""
@@ -157,9 +170,26 @@ class Turn:
     def own_plan(self) -> list[PlanStep]:
         """The plan, with steps this turn may change (the clone shares them with its input)."""
         if not self._plan_owned:
-            self.rec.plan = [shallow_copy(s) for s in self.rec.plan]
+            owned = self._owned_steps
+            self.rec.plan = [s if s.id in owned else shallow_copy(s) for s in self.rec.plan]
             self._plan_owned = True
         return self.rec.plan
+
+    def own_step(self, step_id: str | None) -> PlanStep | None:
+        """The plan step ``step_id`` (None if the plan has none), which this turn may change:
+        only that step is copied, the first time it is asked for."""
+        plan = self.rec.plan
+        for i, step in enumerate(plan):
+            if step.id != step_id:
+                continue
+            if self._plan_owned or step_id in self._owned_steps:
+                return step
+            if not self._owned_steps:
+                plan = self.rec.plan = list(plan)  # the clone shares the list too
+            step = plan[i] = shallow_copy(step)
+            self._owned_steps.add(step_id)
+            return step
+        return None
 
     def result(self) -> StepResult:
         """Package the outcome; the chain rows carry the version they are committed with."""
@@ -184,7 +214,7 @@ class Turn:
 
             carry_out_hold(self)
         else:
-            self.commands.append(construct(Enqueue))
+            self.commands.append(ENQUEUE)
 
     def stop(self, reason: StopReason, detail: str | None = None) -> None:
         """Every exit: FINALIZING, hand off what is still owed, the message, the terminal."""

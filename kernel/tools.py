@@ -73,7 +73,11 @@ class ToolSpec:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"]) or "arguments"
             return None, f"{self.name}: {loc}: {first['msg']}"
-        return parsed.model_dump(mode="json", exclude_none=True), None
+        # ``model_dump`` without its wrapper: this runs for every proposed call.
+        dumped = self.args_model.__pydantic_serializer__.to_python(
+            parsed, mode="json", exclude_none=True
+        )
+        return dumped, None
 
     def permitted(self, grants: Grants, args: Mapping[str, Any]) -> bool:
         """True when the grants allow this call on the target its arguments name."""

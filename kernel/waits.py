@@ -29,7 +29,7 @@ def _withdraw(turn: Turn, missing: list[Operation], code: str) -> None:
     turn.observe({"status": "partial", "code": code, "missing": ids, "last": rec.last_observation})
 
 
-def after_result(turn: Turn, arrived_this_turn: int) -> None:
+def after_result(turn: Turn) -> None:
     """Apply the wait policy after an eligible result was staged."""
     rec, policy = turn.rec, turn.ctx.agent.wait
     missing = open_batch(turn)
@@ -37,7 +37,7 @@ def after_result(turn: Turn, arrived_this_turn: int) -> None:
         rec.wait_deadline = None
         turn.end_turn(Cause.WAIT_SATISFIED)
         return
-    if policy.kind is WaitKind.PARTIAL and arrived_this_turn >= policy.min_results:
+    if policy.kind is WaitKind.PARTIAL and arrived(turn) >= policy.min_results:
         _withdraw(turn, missing, "partial_results")
         rec.wait_deadline = None
         turn.end_turn(Cause.WAIT_SATISFIED)

@@ -85,46 +85,49 @@ def prepare_commit(
     The new version must be above the expected one; every row must belong to the record's
     trajectory and tenant, carry the new version, and the rows' indexes must be consecutive.
     """
-    tid, tenant = record.trajectory_id, record.tenant
+    tid, tenant, version = record.trajectory_id, record.tenant, record.record_version
     if not tid or not tenant:
         raise InvalidInput("a trajectory record needs a non-empty trajectory_id and tenant")
-    if expected_version < 0 or record.record_version <= expected_version:
+    if expected_version < 0 or version <= expected_version:
         raise InvalidInput(
-            f"trajectory {tid}: record_version {record.record_version} must be above the "
+            f"trajectory {tid}: record_version {version} must be above the "
             f"expected version {expected_version}"
         )
     if commit_id is not None and not commit_id:
         raise InvalidInput(f"trajectory {tid}: an empty commit id")
     first = chain_rows[0].index if chain_rows else 0
     for offset, row in enumerate(chain_rows):
-        if (row.trajectory_id, row.tenant) != (tid, tenant):
+        if row.trajectory_id != tid or row.tenant != tenant:
             raise InvalidInput(
                 f"trajectory {tid}: chain row {row.index} belongs to trajectory "
                 f"{row.trajectory_id} of tenant {row.tenant}"
             )
-        if row.record_version != record.record_version:
+        if row.record_version != version:
             raise InvalidInput(
                 f"trajectory {tid}: chain row {row.index} carries version {row.record_version}, "
-                f"the commit writes version {record.record_version}"
+                f"the commit writes version {version}"
             )
         if row.index != first + offset:
             raise InvalidInput(f"trajectory {tid}: chain row indexes are not consecutive")
     return Commit(
-        tenant=tenant,
-        trajectory_id=tid,
-        expected_version=expected_version,
-        version=record.record_version,
-        state=record.state.value,
-        snapshot=record.to_json(),
-        rows=tuple(map(_ROW_JSON, chain_rows)),
-        first_row=first,
-        commit_id=commit_id or new_commit_id(),
+        tenant,
+        tid,
+        expected_version,
+        version,
+        record.state.value,
+        record.to_json(),
+        tuple(map(_ROW_JSON, chain_rows)),
+        first,
+        commit_id or new_commit_id(),
     )
+
+
+_SUCCEEDED = (Outcome.APPLIED, Outcome.REPEAT)
 
 
 def settle(commit: Commit, outcome: Outcome, found: int) -> int:
     """Turn a backend's outcome into the new version, or the error that names what was found."""
-    if outcome in (Outcome.APPLIED, Outcome.REPEAT):
+    if outcome in _SUCCEEDED:
         return commit.version
     tid = commit.trajectory_id
     if outcome is Outcome.CHAIN_GAP:

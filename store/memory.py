@@ -51,30 +51,40 @@ class MemoryStore(TrajectoryStore):
 
     def apply(self, commit: Commit) -> int:
         """Check and write under the lock; see :meth:`SnapshotStore.compare_and_set`."""
-        address = (commit.tenant, commit.trajectory_id)
+        tenant, tid, expected, version, _, _, rows, first_row, commit_id = commit
+        address = (tenant, tid)
         with self._lock:
-            outcome, found = self._apply_locked(address, commit)
+            trajectory = self._trajectories.get(address)
+            if trajectory is None:
+                trajectory = _Trajectory()
+            if trajectory.commits.get(version) == commit_id:
+                outcome, found = Outcome.REPEAT, version
+            elif trajectory.version != expected:
+                outcome, found = Outcome.CONFLICT, trajectory.version
+            elif rows and len(trajectory.chain) != first_row:
+                outcome, found = Outcome.CHAIN_GAP, len(trajectory.chain)
+            else:
+                self._write(address, trajectory, commit)
+                return version
         return settle(commit, outcome, found)
 
-    def _apply_locked(self, address: Address, commit: Commit) -> tuple[Outcome, int]:
-        trajectory = self._trajectories.get(address) or _Trajectory()
-        if trajectory.commits.get(commit.version) == commit.commit_id:
-            return Outcome.REPEAT, commit.version
-        if trajectory.version != commit.expected_version:
-            return Outcome.CONFLICT, trajectory.version
-        if commit.rows and len(trajectory.chain) != commit.first_row:
-            return Outcome.CHAIN_GAP, len(trajectory.chain)
-        if trajectory.state != commit.state:  # the index moves only when the state does
-            states = self._index.setdefault(commit.tenant, {})
+    def _write(self, address: Address, trajectory: _Trajectory, commit: Commit) -> None:
+        """The write half of :meth:`apply`, under its lock."""
+        tenant, tid, _, version, state, snapshot, rows, _, commit_id = commit
+        if trajectory.state != state:  # the index moves only when the state does
+            states = self._index.get(tenant)
+            if states is None:
+                states = self._index[tenant] = {}
             if trajectory.state:
-                states[trajectory.state].discard(commit.trajectory_id)
-            states.setdefault(commit.state, set()).add(commit.trajectory_id)
-        trajectory.chain.extend(commit.rows)
-        trajectory.commits[commit.version] = commit.commit_id
-        trajectory.version, trajectory.state = commit.version, commit.state
-        trajectory.snapshot = commit.snapshot
+                states[trajectory.state].discard(tid)
+            ids = states.get(state)
+            if ids is None:
+                ids = states[state] = set()
+            ids.add(tid)
+        trajectory.chain.extend(rows)
+        trajectory.commits[version] = commit_id
+        trajectory.version, trajectory.state, trajectory.snapshot = version, state, snapshot
         self._trajectories[address] = trajectory
-        return Outcome.APPLIED, commit.version
 
     def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord:
         """The stored snapshot, validated; see :meth:`SnapshotStore.load`."""

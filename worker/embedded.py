@@ -27,6 +27,7 @@ from kernel.events import (
     LookupEffect,
     ToolResulted,
 )
+from kernel.fastmodel import construct
 from kernel.record import TrajectoryRecord
 from kernel.step import KernelContext, StepResult, step
 from worker.backend import ToolBackend
@@ -94,7 +95,7 @@ class EmbeddedRunner:
         """Advance until the trajectory ends or is suspended."""
         out = RunResult(record=rec)
         todo: deque[Command] = deque()
-        result = self.apply(rec, first or Admit(now=self.clock.now()), out)
+        result = self.apply(rec, first or self.admission(), out)
         rec = result.record
         todo.extend(result.commands)
         while todo:
@@ -139,13 +140,18 @@ class EmbeddedRunner:
                 looked_up=looked_up,
             )
         if isinstance(cmd, Enqueue):
-            return Admit(now=self.clock.now())
+            return self.admission()
         if isinstance(cmd, HoldForApproval):
             out.held = cmd
             return None
         if isinstance(cmd, Finish | CancelCall):
             return None  # calls here are synchronous: nothing is left running to cancel
         raise TypeError(f"unknown command {cmd!r}")  # pragma: no cover
+
+    def admission(self) -> Admit:
+        """An admission request at the current reading (built from the runner's own clock,
+        so without re-validation)."""
+        return construct(Admit, now=self.clock.now())
 
     def approve(
         self,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import from_json
 
 from kernel.amounts import Usage
 from kernel.events import ModelReplied, ReplyStatus
@@ -64,6 +65,16 @@ class Model(Protocol):
 PolicyFn = Callable[[dict[str, Any], int], Any]
 
 
+def parse_view(view: str) -> Any:
+    """The view as data, exactly as ``json.loads`` gives it: pydantic-core's parser (about
+    twice as fast, and a scripted model parses every view it is shown), or the standard
+    library's for what that parser refuses (a lone surrogate escape, malformed text)."""
+    try:
+        return from_json(view)
+    except ValueError:
+        return json.loads(view)
+
+
 class ScriptedModel:
     """A model whose replies come from a policy function over the parsed view.
 
@@ -93,7 +104,7 @@ class ScriptedModel:
         if cancel is not None and cancel.is_set():
             return ModelReply(status=ReplyStatus.CANCELED, detail="canceled before it was sent")
         self.calls += 1
-        out = self.policy(json.loads(view), self.calls)
+        out = self.policy(parse_view(view), self.calls)
         reply, latency = out if isinstance(out, tuple) else (out, self.latency_s)
         if latency > timeout_s:
             return ModelReply(
