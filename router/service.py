@@ -303,11 +303,15 @@ class RouterService:
                 back.why.value,
                 member,
             )
-        self.holdings.flush()  # register before send
-        if self._batch is not None:
-            self._batch.flush()
+        self._send_buffered()
         self.feed.hand_back(*waiting)
         return sent
+
+    def _send_buffered(self) -> None:
+        """Register before send: the buffered holdings first, then the buffered messages."""
+        self.holdings.flush()
+        if self._batch is not None:
+            self._batch.flush()
 
     def cycle(self, block_s: float = 0.0) -> bool:
         """Take notices (waiting up to ``block_s`` for the first) and admit what fits.
@@ -322,9 +326,7 @@ class RouterService:
         admitted = 0
         while admitted < self.options.batch:
             burst = d.admit_some(SEND_BURST)
-            self.holdings.flush()  # register before send: holdings first, then the messages
-            if self._batch is not None:
-                self._batch.flush()  # a turn waits for at most one burst of admissions
+            self._send_buffered()  # a turn waits for at most one burst of admissions
             admitted += burst
             if burst < SEND_BURST:
                 break

@@ -30,7 +30,7 @@ from kernel.events import (
 from kernel.fastmodel import construct
 from kernel.record import TrajectoryRecord
 from kernel.step import KernelContext, StepResult, step
-from worker.backend import ToolBackend
+from worker.backend import ToolBackend, dispatch
 from worker.models import Model
 
 
@@ -119,17 +119,7 @@ class EmbeddedRunner:
             return reply.replied(cmd.call_id, self.clock.now())
         if isinstance(cmd, DispatchTool | LookupEffect):
             looked_up = isinstance(cmd, LookupEffect)
-            if isinstance(cmd, LookupEffect):
-                result, secs = self.backend.lookup(cmd.tool, cmd.idempotency_key)
-            else:
-                result, secs = self.backend.call(
-                    rec.user,
-                    cmd.tool,
-                    cmd.args,
-                    cmd.idempotency_key,
-                    cmd.timeout_s,
-                    approval=cmd.approval_digest,
-                )
+            result, secs = dispatch(self.backend, rec.user, cmd)
             self.clock.advance(secs)
             return ToolResulted(
                 now=self.clock.now(),

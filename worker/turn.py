@@ -84,6 +84,7 @@ from router.feed import (
 from router.observe import CommitObserver, provider_of
 from router.reconcile import Holdings
 from store.base import TrajectoryStore
+from worker.backend import dispatch
 from worker.fleet_agents import TurnTools
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
@@ -196,7 +197,6 @@ class TurnRunner:
             report = TurnReport(NoticeKind.IDLE, "failed", 0, msg.version)
             self._notify(msg, self._idle(msg))
         finally:
-            self._let_go(msg)
             with self._lock:
                 self.active -= 1
             if self.observer is not None:
@@ -332,17 +332,7 @@ class TurnRunner:
         backend = self.tools.backend(rec.agent)
         looked_up = isinstance(cmd, LookupEffect)
         try:
-            if isinstance(cmd, LookupEffect):
-                result, secs = backend.lookup(cmd.tool, cmd.idempotency_key)
-            else:
-                result, secs = backend.call(
-                    rec.user,
-                    cmd.tool,
-                    cmd.args,
-                    cmd.idempotency_key,
-                    cmd.timeout_s,
-                    approval=cmd.approval_digest,
-                )
+            result, secs = dispatch(backend, rec.user, cmd)
         except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
             log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
             result, secs = {"status": "unknown", "code": "backend_error"}, 0.0
