@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
+from redis.exceptions import NoScriptError
 
 from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
@@ -163,12 +164,27 @@ class Holdings:
         self, member: str, tenant: str, trajectory_id: str, version: int, pipe: Any = None
     ) -> bool:
         """The turn sent at ``version`` ended on ``member`` (its notice is pushed). True when
-        a holding was deleted; with ``pipe`` the release is only queued on it (False)."""
+        a holding was deleted; with ``pipe`` the release is only queued on it (False), as a
+        bare ``EVALSHA``: a script object would make redis-py ask ``SCRIPT EXISTS`` before
+        every pipeline, a round trip per turn. Pass the pipeline's reply to
+        :meth:`released_on` to finish it."""
         args = [f"{tenant}/{trajectory_id}", str(version), "version"]
         if pipe is not None:
-            self._release(keys=[self.key(member)], args=args, client=pipe)
+            pipe.execute_command("EVALSHA", self._release.sha, 1, self.key(member), *args)
             return False
         return bool(self._release(keys=[self.key(member)], args=args))
+
+    def released_on(
+        self, reply: Any, member: str, tenant: str, trajectory_id: str, version: int
+    ) -> bool:
+        """Finish a release queued on a pipeline from its ``reply`` (executed with
+        ``raise_on_error=False``): a server that lost the script (restarted, flushed) gets it
+        loaded and the release run once more; any other error is raised."""
+        if isinstance(reply, NoScriptError):
+            return self.release(member, tenant, trajectory_id, version)
+        if isinstance(reply, Exception):
+            raise reply
+        return bool(reply)
 
     # --- the reconciler's side ---------------------------------------------------------------
 

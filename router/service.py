@@ -65,7 +65,7 @@ from router.submit import RouterApi
 from router.tenants import AdmissionConfig
 from router.ticker import Ticker
 from store.redis_store import RedisStore, client_from_url
-from worker.celery_app import BatchSender, make_app, send_turn
+from worker.celery_app import TurnPublisher, make_app
 from worker.fleet_agents import AgentCache
 
 log = logging.getLogger("reins.router")
@@ -144,16 +144,12 @@ class RouterService:
         self.gate_config = load_gate_config(options.gates_file)
         self.agents = AgentCache()
         self.holdings = Holdings(self.client, prefix)
-        self._batch: BatchSender | None = None
+        self._batch: TurnPublisher | None = None
         if sender is None:
-            app = make_app(settings)
-            self._batch = BatchSender(app)
+            broker = redis.Redis.from_url(settings.broker_url)
+            self._batch = TurnPublisher(make_app(settings), broker, settings)
             sender = self.holdings.buffering(self._batch.turn)  # flushed before the batch
-
-            def send_now(member: str, payload: dict[str, Any]) -> None:
-                send_turn(app, member, payload)
-
-            self._send_now: Sender = self.holdings.sending(send_now)
+            self._send_now: Sender = self.holdings.sending(self._batch.send)
         else:
             sender = self._send_now = self.holdings.sending(sender)
         self.sender = sender

@@ -393,15 +393,20 @@ class TurnRunner:
                 notice, lease=msg.lease, lease_route=msg.route, used_tokens=used_tokens
             )
         pipe = self.feed.pipeline()  # the notice, then the release: one round trip
+        holding = (self.worker, msg.tenant, msg.trajectory_id, msg.version)
         try:
             self.feed.push(notice, pipe=pipe)
             if self.holdings is not None:
-                self.holdings.release(
-                    self.worker, msg.tenant, msg.trajectory_id, msg.version, pipe=pipe
-                )
-            pipe.execute()
+                self.holdings.release(*holding, pipe=pipe)
+            replies = pipe.execute(raise_on_error=False)
+            if isinstance(replies[0], Exception):
+                raise replies[0]
+            if self.holdings is not None:
+                self.holdings.released_on(replies[-1], *holding)
         except Exception:  # the feed is a hint; a kept holding is one the turn moved past
-            log.exception("could not push the notice of %s", msg.trajectory_id)
+            log.exception(
+                "could not push the notice of %s (or release its holding)", msg.trajectory_id
+            )
 
     def hand_back(self, msg: TurnMessage, why: HandBackWhy) -> None:
         """Give ``msg`` back unstarted, instead of its notice: a router sends it on under the

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.exceptions import NoScriptError, ResponseError
 
 from kernel.record import OpStatus
 from kernel.states import LifecycleState, StopReason
@@ -58,6 +59,29 @@ def test_a_sent_turn_is_held_until_its_worker_pushed_the_notice(inproc: InProces
     runner_of(inproc, "w1").run(msg)
     assert holdings.held("w1") == [], "released once the notice is pushed"
     assert holdings.forget("w1") and holdings.holders() == set()
+
+
+def test_a_release_queued_on_a_pipeline_is_finished_from_its_reply(inproc: InProcessFleet) -> None:
+    holdings = inproc.service.holdings
+    oid = seed_orders(inproc.client, inproc.prefix, 150, 1)[0]
+    tid = inproc.api.submit("acme", refund_job(oid)).trajectory_id
+    inproc.cycle()
+    (msg,) = inproc.take()
+    turn = ("w1", "acme", tid, msg.version)
+    for _ in range(2):  # the first may meet a server that has not loaded the script yet
+        assert held_ids(holdings, "w1") == {tid}
+        pipe = inproc.client.pipeline(transaction=False)
+        holdings.release(*turn, pipe=pipe)
+        (reply,) = pipe.execute(raise_on_error=False)
+        assert holdings.released_on(reply, *turn), f"released (reply {reply!r})"
+        assert holdings.held("w1") == []
+        holdings.note("w1", msg.to_payload())
+        holdings.flush()
+    # A server that lost the script (restarted, flushed): loaded again, released once more.
+    assert holdings.released_on(NoScriptError("NOSCRIPT No matching script."), *turn)
+    assert holdings.held("w1") == []
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        holdings.released_on(ResponseError("WRONGTYPE"), *turn)
 
 
 def test_a_lapsed_members_turns_are_recovered_and_finish_on_another_member(
