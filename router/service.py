@@ -65,7 +65,7 @@ from router.submit import RouterApi
 from router.tenants import AdmissionConfig
 from router.ticker import Ticker
 from store.redis_store import RedisStore, client_from_url
-from worker.celery_app import TurnPublisher, make_app
+from worker.celery_app import TaskPublisher, make_app
 from worker.fleet_agents import AgentCache
 
 log = logging.getLogger("reins.router")
@@ -144,10 +144,10 @@ class RouterService:
         self.gate_config = load_gate_config(options.gates_file)
         self.agents = AgentCache()
         self.holdings = Holdings(self.client, prefix)
-        self._batch: TurnPublisher | None = None
+        self._batch: TaskPublisher | None = None
         if sender is None:
             broker = redis.Redis.from_url(settings.broker_url)
-            self._batch = TurnPublisher(make_app(settings), broker, settings)
+            self._batch = TaskPublisher(make_app(settings), broker, settings)
             sender = self.holdings.buffering(self._batch.turn)  # flushed before the batch
             self._send_now: Sender = self.holdings.sending(self._batch.send)
         else:

@@ -138,11 +138,6 @@ def send_turn(app: Celery, member: str, payload: dict[str, Any]) -> None:
     )
 
 
-def send_noop(app: Celery, member: str) -> None:
-    """Send one no-op task to ``member``'s queue."""
-    app.send_task(NOOP_TASK, queue=queue_for(member))
-
-
 def take_queued_turns(client: Any, settings: Settings, member: str, limit: int) -> list[Any]:
     """Take up to ``limit`` turn payloads still waiting in ``member``'s queue, oldest first,
     out of the broker (a drain whose grace ran out hands them back instead of running them).
@@ -170,48 +165,8 @@ def take_queued_turns(client: Any, settings: Settings, member: str, limit: int) 
     return out
 
 
-class BatchSender:
-    """Buffers task messages and publishes them in one pipelined batch (kombu's producer batch).
-
-    ``add`` only buffers; ``flush`` publishes everything buffered, in order, through one
-    producer and one Redis pipeline. A caller flushes at least once per loop iteration, so a
-    message waits in the buffer no longer than the iteration that admitted it.
-    """
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.pending: list[tuple[str, str, list[Any], str]] = []
-
-    def add(
-        self, task: str, member: str, args: list[Any] | None = None, argsrepr: str = "[]"
-    ) -> None:
-        """Buffer one message for ``member``'s queue (``argsrepr``: how logs show its args)."""
-        self.pending.append((task, member, args or [], argsrepr))
-
-    def turn(self, member: str, payload: dict[str, Any]) -> None:
-        """Buffer one turn message (the dispatcher's sender)."""
-        self.add(TURN_TASK, member, [payload], turn_repr(payload))
-
-    def flush(self) -> int:
-        """Publish what is buffered; returns how many messages went out."""
-        pending, self.pending = self.pending, []
-        if not pending:
-            return 0
-        with self.app.producer_or_acquire() as producer, producer.batch():
-            for task, member, args, argsrepr in pending:
-                self.app.send_task(
-                    task,
-                    args=args,
-                    queue=queue_for(member),
-                    producer=producer,
-                    argsrepr=argsrepr,
-                    kwargsrepr="{}",
-                )
-        return len(pending)
-
-
-class TurnPublisher:
-    """Publishes turn messages straight into the broker's queue lists, one pipeline per flush.
+class TaskPublisher:
+    """Publishes task messages straight into the broker's queue lists, one pipeline per flush.
 
     The router sends a turn for every step, and Celery's ``send_task`` through kombu's producer
     cost about a third of a router's CPU (a producer batch, a channel and a new Redis client
@@ -219,8 +174,13 @@ class TurnPublisher:
     its headers and body come from ``app.amqp.as_task_v2``, as ``send_task`` builds them; only
     the last step, kombu's Redis envelope (the body base64, the delivery info and tag) and the
     ``LPUSH`` onto the queue's list, is done here, as :func:`take_queued_turns` reads it.
-    ``tests/fleet/test_publisher.py`` checks the envelope against one kombu wrote for the same
-    payload, and that a real worker carries the turn out.
+    ``tests/fleet/test_publisher.py`` checks the envelope against the one Celery's
+    ``send_task`` writes for the same task, and every fleet process test has real workers
+    carry the turns out. ``reins bench fleet`` sends its no-op tasks the same way.
+
+    ``add`` and :meth:`turn` only buffer; :meth:`flush` pushes everything buffered, in order.
+    A caller flushes at least once per loop iteration, so a message waits in the buffer no
+    longer than the iteration that admitted it.
     """
 
     def __init__(self, app: Celery, client: redis.Redis, settings: Settings) -> None:
@@ -230,14 +190,13 @@ class TurnPublisher:
         self.reply_to = app.thread_oid
         self.pending: list[tuple[str, bytes]] = []
 
-    def envelope(self, member: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """The message kombu's Redis transport would write for ``payload`` to ``member``."""
+    def envelope(self, task: str, member: str, args: list[Any], argsrepr: str) -> dict[str, Any]:
+        """The message kombu's Redis transport would write for ``task(*args)`` to ``member``."""
         task_id = str(uuid.uuid4())
-        argsrepr = turn_repr(payload)
         message = self.app.amqp.as_task_v2(
             task_id,
-            TURN_TASK,
-            args=[payload],
+            task,
+            args=args,
             reply_to=self.reply_to,
             origin=self.origin,
             ignore_result=None,
@@ -262,10 +221,16 @@ class TurnPublisher:
             },
         }
 
-    def turn(self, member: str, payload: dict[str, Any]) -> None:
-        """Buffer one turn message for ``member``'s queue (sent at the next :meth:`flush`)."""
-        raw = json.dumps(self.envelope(member, payload)).encode()
+    def add(
+        self, task: str, member: str, args: list[Any] | None = None, argsrepr: str = "[]"
+    ) -> None:
+        """Buffer one message for ``member``'s queue (``argsrepr``: how logs show its args)."""
+        raw = json.dumps(self.envelope(task, member, args or [], argsrepr)).encode()
         self.pending.append((self.keyprefix + queue_for(member), raw))
+
+    def turn(self, member: str, payload: dict[str, Any]) -> None:
+        """Buffer one turn message (the dispatcher's sender)."""
+        self.add(TURN_TASK, member, [payload], turn_repr(payload))
 
     def flush(self) -> int:
         """Push what is buffered, in order, in one round trip; returns how many went."""
@@ -279,6 +244,6 @@ class TurnPublisher:
         return len(pending)
 
     def send(self, member: str, payload: dict[str, Any]) -> None:
-        """Send one turn message now."""
+        """Send one turn message now (with anything still buffered before it)."""
         self.turn(member, payload)
         self.flush()

@@ -47,7 +47,7 @@ from router.feed import Feed
 from router.service import SEND_BURST, RouterOptions, RouterService
 from router.submit import RouterApi
 from worker.agents import AgentModule
-from worker.celery_app import NOOP_TASK, BatchSender, broker_keyprefix, make_app, queue_for
+from worker.celery_app import NOOP_TASK, TaskPublisher, broker_keyprefix, make_app, queue_for
 
 TENANTS = ("acme", "globex", "initech")
 ORDERS = {
@@ -235,7 +235,7 @@ def _noops(settings: Settings, broker: redis.Redis, count: int) -> float:
         pipe.hlen(kp + "unacked")
         return int(sum(pipe.execute())) == 0
 
-    batch = BatchSender(app)  # the routers' sender: pipelined bursts of 16
+    batch = TaskPublisher(app, broker, settings)  # as the routers send: bursts of 16
     start = time.perf_counter()
     for i in range(count):
         batch.add(NOOP_TASK, "w1" if i % 2 else "w2")

@@ -1,7 +1,7 @@
-"""The router's turn publisher writes the message kombu would write, and workers read it.
+"""The router's task publisher writes the message Celery would write, and workers read it.
 
-One contract for both senders: the same payload sent through Celery's ``send_task`` (kombu's
-producer) and through :class:`worker.celery_app.TurnPublisher` lands in the queue's list as
+One contract for both senders: the same task sent through Celery's ``send_task`` (kombu's
+producer) and through :class:`worker.celery_app.TaskPublisher` lands in the queue's list as
 envelopes that differ only in their fresh ids; the drain's hand-back reads both alike. Every
 process test of the fleet (routers publish this way) shows a real worker carrying them out.
 """
@@ -12,17 +12,19 @@ import base64
 import json
 from typing import Any
 
+import pytest
 import redis
 
 from kernel.settings import Settings
 from tests.conftest import REDIS_URL
 from worker.celery_app import (
+    NOOP_TASK,
     TURN_TASK,
-    BatchSender,
-    TurnPublisher,
+    TaskPublisher,
     broker_keyprefix,
     make_app,
     queue_for,
+    send_turn,
     take_queued_turns,
 )
 
@@ -45,35 +47,41 @@ def _fresh(envelope: dict[str, Any]) -> list[Any]:
     return [h["id"], h["root_id"], p["correlation_id"], p["delivery_tag"]]
 
 
-def test_the_envelope_is_the_one_kombu_writes(redis_client: redis.Redis, key_prefix: str) -> None:
+@pytest.mark.parametrize("task", [TURN_TASK, NOOP_TASK])
+def test_the_envelope_is_the_one_celery_writes(
+    redis_client: redis.Redis, key_prefix: str, task: str
+) -> None:
     settings = _settings(key_prefix)
     app = make_app(settings)
-    celery_sent = BatchSender(app)
-    celery_sent.turn("w1", PAYLOAD)
-    celery_sent.flush()
-    ours = TurnPublisher(app, redis_client, settings)
-    ours.turn("w1", PAYLOAD)
+    ours = TaskPublisher(app, redis_client, settings)
+    if task == TURN_TASK:
+        send_turn(app, "w1", PAYLOAD)  # Celery's send_task, through kombu's producer
+        ours.turn("w1", PAYLOAD)
+    else:
+        app.send_task(NOOP_TASK, args=[], queue=queue_for("w1"), argsrepr="[]", kwargsrepr="{}")
+        ours.add(NOOP_TASK, "w1")
     assert ours.flush() == 1
     key = broker_keyprefix(settings) + queue_for("w1")
-    raw_ours, raw_kombu = redis_client.lrange(key, 0, -1)  # pushed on the left: newest first
-    ours_env, kombu_env = json.loads(raw_ours), json.loads(raw_kombu)
+    raw_ours, raw_celery = redis_client.lrange(key, 0, -1)  # pushed on the left: newest first
+    ours_env, celery_env = json.loads(raw_ours), json.loads(raw_celery)
 
-    assert _without_fresh(ours_env) == _without_fresh(kombu_env)
-    assert list(ours_env["headers"]) == list(kombu_env["headers"])  # same fields, same order
-    assert list(ours_env["properties"]) == list(kombu_env["properties"])
+    assert _without_fresh(ours_env) == _without_fresh(celery_env)
+    assert list(ours_env["headers"]) == list(celery_env["headers"])  # same fields, same order
+    assert list(ours_env["properties"]) == list(celery_env["properties"])
     ids = _fresh(ours_env)
     assert ids[0] == ids[1] == ids[2] and ids[3] != ids[0]  # as Celery sets them
-    assert ids[0] not in _fresh(kombu_env)
+    assert ids[0] not in _fresh(celery_env)
     body = json.loads(base64.b64decode(ours_env["body"]))
-    assert body == json.loads(base64.b64decode(kombu_env["body"]))
-    assert body[0] == [PAYLOAD] and ours_env["headers"]["task"] == TURN_TASK
+    assert body == json.loads(base64.b64decode(celery_env["body"]))
+    assert body[0] == ([PAYLOAD] if task == TURN_TASK else [])
+    assert ours_env["headers"]["task"] == task
 
 
 def test_a_drain_takes_published_turns_back_oldest_first(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
     settings = _settings(key_prefix)
-    publisher = TurnPublisher(make_app(settings), redis_client, settings)
+    publisher = TaskPublisher(make_app(settings), redis_client, settings)
     for version in (1, 2, 3):
         publisher.turn("w2", {**PAYLOAD, "version": version})
     publisher.turn("w1", PAYLOAD)
