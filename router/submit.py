@@ -159,7 +159,7 @@ class RouterApi:
             budget=budget,
             route=route,
         )
-        backlog = len(self.store.list(tenant, LifecycleState.READY))
+        backlog = self.store.count(tenant, LifecycleState.READY)
         if backlog >= cfg.max_ready:
             raise SubmissionRefused(
                 f"tenant {tenant!r} already has {backlog:,} READY trajectories "

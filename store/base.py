@@ -267,6 +267,11 @@ class SnapshotStore(abc.ABC):
     def list(self, tenant: str, state: LifecycleState | None = None) -> builtins.list[str]:
         """Ids of the tenant's trajectories (in ``state`` when given), sorted; from the index."""
 
+    def count(self, tenant: str, state: LifecycleState | None = None) -> int:
+        """How many trajectories the tenant has (in ``state``); a backend answers from its
+        index without listing them (a submission checks its tenant's backlog this way)."""
+        return len(self.list(tenant, state))
+
     def records(
         self, tenant: str, state: LifecycleState | None = None
     ) -> Iterator[TrajectoryRecord]:

@@ -103,6 +103,14 @@ class MemoryStore(TrajectoryStore):
                 return sorted(states.get(state.value, ()))
             return sorted(tid for ids in states.values() for tid in ids)
 
+    def count(self, tenant: str, state: LifecycleState | None = None) -> int:
+        """The size of the tenant/state index."""
+        with self._lock:
+            states = self._index.get(tenant, {})
+            if state is not None:
+                return len(states.get(state.value, ()))
+            return sum(len(ids) for ids in states.values())
+
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
         """The commit id stored for ``version``, or None."""
         with self._lock:

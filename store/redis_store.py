@@ -310,6 +310,15 @@ class RedisStore(TrajectoryStore):
         skip = len(self.prefix) + len(_enc(tenant)) + 3  # "{P:T:"
         return sorted(unquote(_text(m)[skip : -len(_SNAP_SUFFIX)]) for m in members)
 
+    def count(self, tenant: str, state: LifecycleState | None = None) -> int:
+        """ZCOUNT over the tenant's index (one score per state): no ids are read."""
+        key = self.index_key(tenant)
+        low, high = ("-inf", "+inf") if state is None else (STATE_CODES[state],) * 2
+        found: Any = self._read(
+            f"counting tenant {tenant}", lambda: self._client.zcount(key, low, high)
+        )
+        return int(found)
+
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
         """The commit id stored for ``version``, or None."""
         snap_key = self.trajectory_keys(tenant, trajectory_id)[0]

@@ -223,6 +223,15 @@ class SqliteStore(TrajectoryStore):
             rows = self._conn().execute(sql + " ORDER BY trajectory_id", args).fetchall()
         return [str(row[0]) for row in rows]
 
+    def count(self, tenant: str, state: LifecycleState | None = None) -> int:
+        """COUNT over the (tenant, state) index."""
+        sql, args = "SELECT COUNT(*) FROM snapshots WHERE tenant = ?", [tenant]
+        if state is not None:
+            sql, args = sql + " AND state = ?", [tenant, state.value]
+        with self._errors(f"counting tenant {tenant}"):
+            row = self._conn().execute(sql, args).fetchone()
+        return int(row[0])
+
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
         """The commit id stored for ``version``, or None."""
         with self._errors(f"reading commits of trajectory {trajectory_id}"):

@@ -248,6 +248,10 @@ def test_the_state_index_follows_every_commit(store: TrajectoryStore) -> None:
     assert store.list("acme", LifecycleState.COMPLETED) == ["t2"]
     assert store.list("acme") == ["t1", "t2", "t3"]
     assert store.list("globex", LifecycleState.READY) == ["t1"]
+    for tenant in ("acme", "globex", "initech"):
+        for state in (None, *LifecycleState):
+            assert store.count(tenant, state) == len(store.list(tenant, state)), (tenant, state)
+    assert store.count("acme", LifecycleState.READY) == 2 and store.count("acme") == 3
 
 
 def test_the_chain_is_append_only_and_gapless(store: TrajectoryStore) -> None:
