@@ -12,6 +12,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.fastmodel import construct, pinned_values
+from kernel.modeljson import json_native
 
 MILLION = Decimal(1_000_000)
 ZERO = Decimal(0)
@@ -27,6 +28,7 @@ class Dimension(StrEnum):
     DOLLARS = "dollars"
 
 
+@json_native
 class Amounts(BaseModel):
     """A vector over the cumulative dimensions: a liability, a usage or a reserve."""
 

@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kernel.amounts import Amounts, Dimension
 from kernel.errors import InvalidBudget
+from kernel.modeljson import json_native
 
 
+@json_native
 class Budget(BaseModel):
     """Allowances of one trajectory. Defaults are seed 000's (its scenarios run under them)."""
 

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from kernel.fastmodel import pinned_values
+from kernel.modeljson import json_native
 
 
 @pinned_values
@@ -25,6 +26,7 @@ class RowKind(StrEnum):
     STOP = "stop"  # the run's exit and its stop reason
 
 
+@json_native
 class ChainRow(BaseModel):
     """One row of the execution chain."""
 

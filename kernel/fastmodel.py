@@ -47,8 +47,9 @@ class Mutable(BaseModel):
     if not TYPE_CHECKING:  # mypy keeps checking assignments against the declared fields
 
         def __setattr__(self, name: str, value: Any) -> None:
-            if name in self.__pydantic_fields__:
-                self.__dict__[name] = value
+            fields = self.__dict__  # every field is a key of it, and nothing else is
+            if name in fields:
+                fields[name] = value
             else:
                 super().__setattr__(name, value)
 

@@ -15,12 +15,14 @@ from typing import Any
 Encode = Callable[[Any], str]
 
 
-def _build(separators: tuple[str, str], default: Callable[[Any], Any]) -> Encode:
+def _build(
+    separators: tuple[str, str], default: Callable[[Any], Any], sort_keys: bool = True
+) -> Encode:
     item_sep, key_sep = separators
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # no C accelerator (not CPython): the library's own path, same text
         encoder = json.JSONEncoder(
-            sort_keys=True, separators=separators, default=default, check_circular=False
+            sort_keys=sort_keys, separators=separators, default=default, check_circular=False
         )
         return encoder.encode
     # The arguments JSONEncoder.iterencode passes for these options, in its order.
@@ -31,7 +33,7 @@ def _build(separators: tuple[str, str], default: Callable[[Any], Any]) -> Encode
         None,  # indent
         key_sep,
         item_sep,
-        True,  # sort_keys
+        sort_keys,
         False,  # skipkeys
         True,  # allow_nan
     )
@@ -44,6 +46,9 @@ def _build(separators: tuple[str, str], default: Callable[[Any], Any]) -> Encode
 
 # ``json.dumps(value, sort_keys=True)``: the model's view and the size of a tool result.
 sorted_text: Encode = _build((", ", ": "), json.JSONEncoder().default)
+
+# ``json.dumps(value)``: a scripted model's reply text, whose length is its output tokens.
+plain_text: Encode = _build((", ", ": "), json.JSONEncoder().default, sort_keys=False)
 
 # ``json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)``: what is digested.
 canonical_text: Encode = _build((",", ":"), str)

@@ -25,8 +25,10 @@ from kernel.amounts import DIMENSION_NAMES, DIMENSIONS, NOTHING, ZERO, Amounts, 
 from kernel.budget import Budget
 from kernel.errors import AdmissionRefused, InvalidInput, UnknownReference
 from kernel.fastmodel import construct, shallow_copy
+from kernel.modeljson import json_native
 
 
+@json_native
 class CountAccount(BaseModel):
     """One integer dimension (steps, tool calls, tokens)."""
 
@@ -38,6 +40,7 @@ class CountAccount(BaseModel):
     reserve: int = 0
 
 
+@json_native
 class MoneyAccount(BaseModel):
     """The dollar dimension, exact to the cent fraction."""
 
@@ -52,6 +55,7 @@ class MoneyAccount(BaseModel):
 Account = CountAccount | MoneyAccount
 
 
+@json_native
 class Ledger(BaseModel):
     """Accounts per dimension plus the outstanding reservations by operation id."""
 

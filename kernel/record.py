@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kernel.amounts import Amounts
 from kernel.budget import Budget
 from kernel.errors import UnsupportedSchema
-from kernel.fastmodel import Mutable, pinned_values, shallow_copy
+from kernel.fastmodel import Mutable, construct, pinned_values, shallow_copy
 from kernel.ledger import Ledger
+from kernel.modeljson import json_native, model_json
 from kernel.states import LifecycleState, StopReason
 
 SCHEMA_VERSION = 1
@@ -38,6 +39,7 @@ class StepStatus(StrEnum):
     FAILED = "failed"
 
 
+@json_native
 class PlanStep(Mutable):
     """One step of the live plan: a tool, its prerequisites and its status."""
 
@@ -68,6 +70,7 @@ class OpStatus(StrEnum):
     HANDED_OFF = "handed_off"  # transferred to a named owner with evidence and reservation
 
 
+@json_native
 class Operation(Mutable):
     """One entry of the operation table: a registered model or tool call (seed 004 10.3)."""
 
@@ -106,6 +109,7 @@ class ApprovalStatus(StrEnum):
     WITHDRAWN = "withdrawn"
 
 
+@json_native
 class HeldProposal(Mutable):
     """An exact proposed action frozen for review (approval escrow, seed 004 10.7)."""
 
@@ -136,6 +140,7 @@ class ControlKind(StrEnum):
     INTERRUPT = "interrupt"
 
 
+@json_native
 class PendingControl(BaseModel):
     """A control hold that blocks admission until it is carried out."""
 
@@ -147,6 +152,7 @@ class PendingControl(BaseModel):
     at: float
 
 
+@json_native
 class Grants(BaseModel):
     """Which tools a trajectory may use; checked at every admission, whatever the model says."""
 
@@ -165,6 +171,7 @@ class Grants(BaseModel):
         return not (target is not None and target in self.denied_targets)
 
 
+@json_native
 class ErrorStreak(BaseModel):
     """The same recoverable error kind, counted while it repeats in a row."""
 
@@ -174,6 +181,7 @@ class ErrorStreak(BaseModel):
     count: int = 0
 
 
+@json_native
 class TrajectoryRecord(Mutable):
     """The authoritative control state of one trajectory."""
 
@@ -237,6 +245,35 @@ class TrajectoryRecord(Mutable):
         grants: Grants | None = None,
     ) -> TrajectoryRecord:
         """A new record at version 1 in READY, its ledger opened from the budget."""
+        texts = (trajectory_id, tenant, user, goal, agent)
+        if (
+            all(type(t) is str for t in texts)
+            and (parent_id is None or type(parent_id) is str)
+            and type(budget) is Budget
+            and type(now) is float
+            and (grants is None or type(grants) is Grants)
+        ):
+            # What validation would check, checked: the record is built without it, every
+            # container its own (the template's defaults would be shared).
+            return construct(
+                cls,
+                trajectory_id=trajectory_id,
+                tenant=tenant,
+                user=user,
+                parent_id=parent_id,
+                goal=goal,
+                agent=agent,
+                plan=[],
+                facts={},
+                budget=budget,
+                ledger=Ledger.open(budget),
+                submitted_at=now,
+                seen={},
+                error_streak=construct(ErrorStreak),
+                grants=grants or construct(Grants, denied_targets=[]),
+                operations={},
+                job_logs={},
+            )
         return cls(
             trajectory_id=trajectory_id,
             tenant=tenant,
@@ -279,10 +316,8 @@ class TrajectoryRecord(Mutable):
     # --- serialisation ---------------------------------------------------------------------
 
     def to_json(self) -> bytes:
-        """The canonical JSON bytes of the record."""
-        # The serializer itself: ``model_dump_json`` would add its argument handling and a
-        # decode to ``str`` that this would only encode again.
-        return self.__pydantic_serializer__.to_json(self)
+        """The canonical JSON bytes of the record: exactly its pydantic serializer's."""
+        return model_json(self)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> TrajectoryRecord:

@@ -18,6 +18,8 @@ from pydantic_core import from_json
 
 from kernel.amounts import Usage
 from kernel.events import ModelReplied, ReplyStatus
+from kernel.fastmodel import construct
+from kernel.jsontext import plain_text
 from kernel.render import Estimator, estimate_tokens
 from kernel.tools import ToolSpec
 
@@ -41,17 +43,21 @@ class ModelReply(BaseModel):
     def replied(self, call_id: str, now: float) -> ModelReplied:
         """The kernel event for this reply; a canceled stream's partial output rides in
         ``raw`` (diagnostics only: the kernel never turns ``raw`` into a proposal)."""
-        return ModelReplied(
-            now=now,
-            call_id=call_id,
-            status=self.status,
-            content=self.content,
-            raw=self.raw if self.raw is not None else self.partial,
-            usage=self.usage,
-            latency_s=self.latency_s,
-            timed_out=self.timed_out,
-            retry_after_s=self.retry_after_s,
-        )
+        fields = {
+            "now": now,
+            "call_id": call_id,
+            "status": self.status,
+            "content": self.content,
+            "raw": self.raw if self.raw is not None else self.partial,
+            "usage": self.usage,
+            "latency_s": self.latency_s,
+            "timed_out": self.timed_out,
+            "retry_after_s": self.retry_after_s,
+        }
+        if type(now) is float and type(call_id) is str and self.latency_s >= 0:
+            # All the event's validation would check: the rest is this validated reply's.
+            return construct(ModelReplied, **fields)
+        return ModelReplied(**fields)
 
 
 class Model(Protocol):
@@ -110,7 +116,7 @@ class ScriptedModel:
             return ModelReply(
                 status=ReplyStatus.TRANSPORT_FAILURE, latency_s=max(timeout_s, 0.0), timed_out=True
             )
-        raw = reply if isinstance(reply, str) else json.dumps(reply)
+        raw = reply if isinstance(reply, str) else plain_text(reply)
         tokens_in, tokens_out = self.estimator(view), self.estimator(raw)
         if tokens_out > max_output_tokens:
             return ModelReply(
@@ -123,10 +129,34 @@ class ScriptedModel:
             content = json.loads(raw) if isinstance(reply, str) else reply
         except json.JSONDecodeError:
             content = None  # the kernel turns a non-proposal into a recoverable observation
-        return ModelReply(
+        return _completed(content, raw, tokens_in, tokens_out, latency)
+
+
+def _completed(content: Any, raw: str, tokens_in: int, tokens_out: int, latency: Any) -> ModelReply:
+    """A COMPLETED reply, built without re-validation when its figures are already of the
+    types validation would give (the estimator and the policy are injected: anything else is
+    validated, and refused or coerced, as before)."""
+    if (
+        type(latency) is float
+        and type(tokens_in) is int
+        and type(tokens_out) is int
+        and tokens_in >= 0
+        and tokens_out >= 0
+    ):
+        usage = construct(Usage, uncached_input=tokens_in, output=tokens_out)
+        return construct(
+            ModelReply,
             status=ReplyStatus.COMPLETED,
             content=content,
             raw=raw,
-            usage=Usage(uncached_input=tokens_in, output=tokens_out),
+            usage=usage,
             latency_s=latency,
+            rate_limits={},  # the template's default would be one dict shared by every reply
         )
+    return ModelReply(
+        status=ReplyStatus.COMPLETED,
+        content=content,
+        raw=raw,
+        usage=Usage(uncached_input=tokens_in, output=tokens_out),
+        latency_s=latency,
+    )

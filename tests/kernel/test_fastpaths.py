@@ -17,17 +17,27 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernel.amounts import ZERO, Amounts, Dimension, tool_call_charge, tool_call_liability
+from kernel.amounts import ZERO, Amounts, Dimension, Usage, tool_call_charge, tool_call_liability
 from kernel.budget import Budget
 from kernel.chain import RowKind
-from kernel.events import DispatchTool, ReplyStatus
-from kernel.jsontext import canonical_text, sorted_text
+from kernel.events import DispatchTool, ModelReplied, ReplyStatus
+from kernel.jsontext import canonical_text, plain_text, sorted_text
 from kernel.ledger import Ledger
 from kernel.lifecycle import Cause
-from kernel.record import ApprovalStatus, ControlKind, OpKind, OpStatus, PlanStep, StepStatus
+from kernel.record import (
+    ApprovalStatus,
+    ControlKind,
+    Grants,
+    OpKind,
+    OpStatus,
+    PlanStep,
+    StepStatus,
+    TrajectoryRecord,
+)
+from kernel.render import estimate_tokens
 from kernel.states import LifecycleState, StopReason
 from tests.kernel.driver import PLAN, READ, Driver
-from worker.models import parse_view
+from worker.models import ModelReply, ScriptedModel, parse_view
 
 PINNED = [
     LifecycleState,
@@ -57,6 +67,7 @@ json_values = st.recursive(
 @given(json_values)
 def test_the_encoders_built_once_give_the_text_json_dumps_gives(value: Any) -> None:
     assert sorted_text(value) == json.dumps(value, sort_keys=True)
+    assert plain_text(value) == json.dumps(value)
     assert canonical_text(value) == json.dumps(
         value, sort_keys=True, separators=(",", ":"), default=str
     )
@@ -147,3 +158,64 @@ def test_a_kernel_model_still_refuses_a_name_that_is_not_a_field() -> None:
     assert step.status is StepStatus.DONE
     with pytest.raises(ValueError, match="no field"):
         step.stauts = StepStatus.FAILED  # type: ignore[attr-defined]
+
+
+def test_a_record_created_without_validation_is_the_validated_one() -> None:
+    budget = Budget()
+    fields: dict[str, Any] = {
+        "trajectory_id": "t1",
+        "tenant": "acme",
+        "user": "u",
+        "goal": "g",
+        "agent": "a",
+        "budget": budget,
+    }
+    fast = TrajectoryRecord.create(**fields, now=1.5, grants=Grants(read_only=True))
+    slow = TrajectoryRecord(
+        **fields,
+        ledger=Ledger.open(budget),
+        submitted_at=1.5,
+        grants=Grants(read_only=True),
+    )
+    assert fast == slow and fast.to_json() == slow.to_json()
+    assert list(fast.__dict__) == list(slow.__dict__)  # the declared order
+    other = TrajectoryRecord.create(**fields, now=1.5)
+    for name in ("plan", "facts", "seen", "operations", "job_logs"):
+        assert getattr(other, name) is not getattr(fast, name)  # never one shared default
+    coerced = TrajectoryRecord.create(**fields, now=2)  # an int: validated, so coerced
+    assert type(coerced.submitted_at) is float
+    with pytest.raises(ValueError):
+        TrajectoryRecord.create(**{**fields, "goal": None}, now=1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("latency", [1.5, 2, 0.0])
+def test_a_scripted_reply_and_its_event_are_the_validated_ones(latency: float) -> None:
+    model = ScriptedModel(lambda view, i: ({"type": "final", "outcome": "completed"}, latency))
+    view, raw = json.dumps({"goal": "g"}), json.dumps({"type": "final", "outcome": "completed"})
+    reply = model.call(view, 300, 30.0)
+    expected = ModelReply(
+        status=ReplyStatus.COMPLETED,
+        content={"type": "final", "outcome": "completed"},
+        raw=raw,
+        usage=Usage(uncached_input=estimate_tokens(view), output=estimate_tokens(raw)),
+        latency_s=latency,
+    )
+    assert reply == expected and type(reply.latency_s) is float
+    for now in (3.0, 3):
+        event = reply.replied("t1/m1", now)
+        validated = ModelReplied(
+            now=now,
+            call_id="t1/m1",
+            status=reply.status,
+            content=reply.content,
+            raw=reply.raw,
+            usage=reply.usage,
+            latency_s=reply.latency_s,
+        )
+        assert event == validated and type(event.now) is float
+
+
+def test_a_reply_with_a_negative_latency_is_still_refused_as_an_event() -> None:
+    reply = ModelReply(status=ReplyStatus.COMPLETED, latency_s=-1.0)
+    with pytest.raises(ValueError):
+        reply.replied("t1/m1", 1.0)

@@ -1,0 +1,194 @@
+"""A model's JSON bytes exactly as its pydantic serializer writes them, written by orjson.
+
+The store writes the record after every step, so this is the kernel's most frequent encoding.
+pydantic-core walks its serialisation schema field by field; orjson writes a dataclass straight
+from the instance's ``__dict__``, in C. A class marked with :func:`json_native` looks like a
+dataclass to orjson (it gets a ``__dataclass_fields__`` table, which also makes
+``dataclasses.fields`` and pytest's diffs work on it), so a record is written without a Python
+call per model. Both libraries write strings, ints, enums and floats with the same text (floats
+as ``repr``), and a Decimal is written as its ``str``, as pydantic does.
+
+Where the two would differ, the value goes to pydantic instead, so the bytes never change:
+
+- a float field holding an int (pydantic writes ``1.0``, orjson ``1``): checked before writing,
+  along every path of model fields that reaches a float field;
+- a value orjson cannot write or would write differently (an int beyond 64 bits, a set, bytes,
+  a datetime, a non-str key, a model of a class not marked): it raises, and pydantic writes the
+  whole value;
+- a class whose serialisation pydantic customises (aliases, exclusions, computed fields,
+  serializers, kept extras, float containers): :func:`json_native` refuses to mark it.
+
+Not checked, because nothing in the kernel writes them: an ``int`` field holding a ``bool``
+(pydantic writes ``1``, orjson ``true``), a marked model inside an ``Any`` field (its float
+fields are not walked), a Decimal subclass with its own ``__str__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, TypeVar, Union, get_args, get_origin
+
+import orjson
+from pydantic import BaseModel, PlainSerializer, WrapSerializer
+
+T = TypeVar("T", bound=BaseModel)
+Check = Callable[[Any], bool]
+
+_NATIVE = "__dataclass_fields__"  # what orjson looks for in a class's own namespace
+_DECIMAL_TEXT = Decimal.__str__  # C-level; refuses anything but a Decimal, so orjson raises
+
+
+def json_native(cls: type[T]) -> type[T]:
+    """Class decorator: orjson writes instances of ``cls`` from their fields, in C.
+
+    Raises ``TypeError`` at class definition for a class whose JSON pydantic customises.
+    """
+    why = _not_native(cls)
+    if why is not None:
+        raise TypeError(f"{cls.__name__} cannot be written by orjson: {why}")
+    shape = dataclasses.make_dataclass(
+        cls.__name__, [(name, info.annotation) for name, info in cls.model_fields.items()]
+    )
+    type.__setattr__(cls, _NATIVE, vars(shape)[_NATIVE])
+    return cls
+
+
+def _not_native(cls: type[BaseModel]) -> str | None:
+    config, decorators = cls.model_config, cls.__pydantic_decorators__
+    if _NATIVE in cls.__dict__:
+        return "it already has dataclass fields"
+    if config.get("extra") == "allow":
+        return "it keeps extra fields"
+    if config.get("json_encoders") or config.get("ser_json_inf_nan", "null") != "null":
+        return "its config changes the JSON"
+    if cls.__pydantic_computed_fields__ or decorators.field_serializers:
+        return "it has computed fields or field serializers"
+    if decorators.model_serializers:
+        return "it has a model serializer"
+    for name, info in cls.model_fields.items():
+        if info.exclude or info.alias or info.serialization_alias:
+            return f"field {name} is excluded or aliased"
+        if any(isinstance(m, PlainSerializer | WrapSerializer) for m in info.metadata):
+            return f"field {name} has a serializer"
+        if not _is_float(info.annotation) and _holds_lone_float(info.annotation):
+            return f"field {name} holds floats in a container"
+    return None
+
+
+def model_json(model: BaseModel) -> bytes:
+    """``model.__pydantic_serializer__.to_json(model)``, byte for byte; much faster for a
+    model of a :func:`json_native` class (anything else is left to pydantic)."""
+    cls = type(model)
+    check = _CHECKS.get(cls)
+    if check is None:
+        check = _CHECKS[cls] = _check_for(cls, set())
+    if check(model):
+        try:
+            text = orjson.dumps(model, default=_DECIMAL_TEXT)
+        except orjson.JSONEncodeError:
+            pass
+        else:
+            # An exact-size copy: orjson returns its buffer shrunk in place, and keeping many
+            # of those (a store keeps every chain row) leaves the allocator a gap after each,
+            # so the heap grows and faults in fresh pages on every write (measured: several
+            # times the cost of the encoding). The copy is a memcpy; the buffer is reused.
+            return memoryview(text).tobytes()
+    return model.__pydantic_serializer__.to_json(model)
+
+
+def _always(model: Any) -> bool:
+    return True
+
+
+def _never(model: Any) -> bool:
+    return False
+
+
+_CHECKS: dict[type, Check] = {}
+
+
+def _check_for(cls: type, visiting: set[type]) -> Check:
+    """What must hold of a ``cls`` value for orjson to write it as pydantic would: never for a
+    class not marked; otherwise its float fields hold floats, recursively."""
+    if not (isinstance(cls, type) and _NATIVE in cls.__dict__ and issubclass(cls, BaseModel)):
+        return _never
+    if cls in visiting:  # a recursive model: left to pydantic, not worth a walk
+        return _never
+    visiting.add(cls)
+    floats: list[str] = []
+    children: list[tuple[str, type, Check]] = []
+    for name, info in cls.model_fields.items():
+        annotation = info.annotation
+        if _is_float(annotation):
+            floats.append(name)
+            continue
+        inner = _optional(annotation)
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            child = _check_for(inner, visiting)
+            if child is _never:
+                return _never
+            if child is not _always:
+                children.append((name, inner, child))
+            continue
+        for nested in _models_in(annotation):  # in a container or a union: no walk
+            if _check_for(nested, visiting) is not _always:
+                return _never
+    visiting.discard(cls)
+    if not floats and not children:
+        return _always
+    return _fields_check(tuple(floats), tuple(children))
+
+
+def _fields_check(floats: tuple[str, ...], children: tuple[tuple[str, type, Check], ...]) -> Check:
+    def check(model: Any) -> bool:
+        values = model.__dict__
+        for name in floats:
+            value = values[name]
+            if value is not None and type(value) is not float:
+                return False
+        for name, cls, child in children:
+            value = values[name]
+            if value is not None and (type(value) is not cls or not child(value)):
+                return False
+        return True
+
+    return check
+
+
+def _is_float(annotation: Any) -> bool:
+    """``float`` or ``float | None``."""
+    return annotation is float or set(_union_args(annotation)) == {float, type(None)}
+
+
+def _optional(annotation: Any) -> Any:
+    """``X`` for ``X | None``, else the annotation itself."""
+    args = _union_args(annotation)
+    if len(args) == 2 and type(None) in args:
+        return args[0] if args[1] is type(None) else args[1]
+    return annotation
+
+
+def _union_args(annotation: Any) -> tuple[Any, ...]:
+    origin = get_origin(annotation)
+    return get_args(annotation) if origin is Union or origin is types.UnionType else ()
+
+
+def _models_in(annotation: Any) -> list[type]:
+    """Every model class named anywhere inside ``annotation``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _holds_lone_float(annotation: Any) -> bool:
+    """True if ``float`` appears in ``annotation`` without ``int`` beside it (in a union with
+    ``int``, pydantic writes an int as an int, as orjson does)."""
+    if annotation is float:
+        return True
+    args = get_args(annotation)
+    if int in args and float in args:
+        args = tuple(a for a in args if a is not float)
+    return any(_holds_lone_float(a) for a in args)
