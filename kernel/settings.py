@@ -40,6 +40,12 @@ class Settings(BaseModel):
         3.0, gt=0, description="lease of the router that admits while the admitter is local"
     )
     tenants_file: str = Field("", description="tenant configuration (.toml or .json)")
+    router_gather_s: float = Field(
+        0.005,
+        ge=0,
+        le=1,
+        description="a router woken by an ended turn waits this long for more (0: admits at once)",
+    )
     # --- Prometheus (ops/metrics.py): every router and worker process serves /metrics ---
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /metrics; 0: not served")
     metrics_host: str = Field(

@@ -314,10 +314,20 @@ class RouterService:
 
         True when more work is likely waiting (a full batch of notices or of admissions), so
         the caller goes round again at once; otherwise it may block on the feed, which wakes
-        it as soon as a turn ends. Admission figures are written at each tick, not per cycle.
+        it as soon as a turn ends, and then waits ``REINS_ROUTER_GATHER_S`` for more (measured
+        on ``reins bench fleet``: about a fifth less router CPU per step at 5 ms). Admission
+        figures are written at each tick, not per cycle.
         """
         d = self.dispatcher
-        notices = self.feed.pop(self.options.batch, block_s=block_s)
+        limit = self.options.batch
+        notices = self.feed.pop(limit, block_s=block_s)
+        gather = self.settings.router_gather_s
+        if block_s > 0 and gather > 0 and 0 < len(notices) < limit:
+            # Idle until a turn ended: take the turns ending meanwhile into this cycle too, so
+            # its round trips (requeue, claim, commit, holdings, publish) serve several
+            # admissions. A few milliseconds against a model call of seconds.
+            self._stop.wait(gather)
+            notices += self.feed.pop(limit - len(notices))
         d.intake(notices)
         admitted = 0
         while admitted < self.options.batch:

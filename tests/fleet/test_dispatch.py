@@ -123,3 +123,36 @@ def test_a_call_that_can_never_be_admitted_is_finalized_at_once(inproc: InProces
     rec = inproc.load("acme", tid)
     assert rec.state is S.FAILED and rec.stop_reason is StopReason.MAX_TOKENS
     assert rec.closing_message is not None
+
+
+@pytest.mark.parametrize("gather_s", [0.005, 0.0])
+def test_a_router_woken_by_an_ended_turn_gathers_the_turns_ending_meanwhile(
+    inproc: InProcessFleet, monkeypatch: pytest.MonkeyPatch, gather_s: float
+) -> None:
+    service = inproc.service
+    service.settings = service.settings.model_copy(update={"router_gather_s": gather_s})
+    orders = seed_orders(inproc.client, inproc.prefix, 300, 3)
+    ids = [inproc.api.submit("acme", refund_job(oid)).trajectory_id for oid in orders]
+    inproc.cycle()
+    first, *rest = inproc.take()
+    assert {first.trajectory_id, *(m.trajectory_id for m in rest)} == set(ids)
+    inproc.runner.run(first)  # its READY notice wakes the router
+    waited: list[float] = []
+
+    def turns_end_meanwhile(timeout: float | None = None) -> bool:
+        waited.append(timeout or 0.0)
+        for msg in rest:  # the other two turns end while the router gathers
+            inproc.runner.run(msg)
+        return False
+
+    monkeypatch.setattr(service._stop, "wait", turns_end_meanwhile)
+    requeued = service.dispatcher.figures.requeued
+    service.cycle(block_s=0.05)
+    admitted = inproc.take()
+    if gather_s:
+        assert waited == [gather_s]
+        assert service.dispatcher.figures.requeued - requeued == 3
+        assert {m.trajectory_id for m in admitted} == set(ids), "one cycle admitted all three"
+    else:
+        assert waited == [], "no gathering: the cycle admits what woke it"
+        assert [m.trajectory_id for m in admitted] == [first.trajectory_id]
