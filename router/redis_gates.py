@@ -27,7 +27,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from kernel.errors import ConfigError, StoreError, StoreUnavailable
 from router.gates import Clock, Feedback, GateConfig, GateReading, ProviderGates
-from store.redis_store import TRANSIENT, retry_transient
+from store.redis_store import TRANSIENT, direct_command, retry_transient
 
 _LUA = Path(__file__).parent / "lua"
 _T = TypeVar("_T")
@@ -57,7 +57,7 @@ class LuaScript:
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self._name = files[-1]
         self._attempts = attempts
-        self._execute: Callable[..., Any] = client.execute_command
+        self._execute: Callable[..., Any] = direct_command(client)
 
     def __call__(self, keys: Sequence[str], args: Sequence[object], *, retry: bool) -> Any:
         """Run it; ``retry``: the script is idempotent, so a lost reply may be retried."""

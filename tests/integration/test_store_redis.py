@@ -25,11 +25,12 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
 
 from kernel.errors import ConcurrentModification, ReinsError, StoreUnavailable
 from kernel.states import LifecycleState
-from store.redis_store import RedisStore, client_from_url
+from store.redis_store import RedisStore, client_from_url, direct_command
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for
 
@@ -350,3 +351,30 @@ def test_no_acknowledged_commit_is_lost_when_redis_is_killed(own_redis: OwnRedis
     rows = fresh.read("acme", "t1")
     assert [row.index for row in rows] == list(range(version - 1))
     fresh.close()
+
+
+# --- the direct command path of the hot calls ------------------------------------------------
+
+
+def test_direct_commands_give_the_raw_reply_and_keep_the_connection_after_an_error(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    run = direct_command(client)
+    key = f"{key_prefix}:direct"
+    client.hset(key, mapping={"v": "3", "data": "x"})
+    assert run("HMGET", key, "v", "data", "missing") == [b"3", b"x", None]
+    with pytest.raises(NoScriptError):
+        run("EVALSHA", "0" * 40, 0)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        run("LPUSH", key, "y")
+    assert run("HMGET", key, "v") == [b"3"], "the connection answers the next command in order"
+    pool = client.connection_pool
+    assert len(pool._in_use_connections) == 0, "every connection went back to the pool"
+    client.close()
+
+
+def test_a_client_pinned_to_one_connection_keeps_its_own_execute_command() -> None:
+    pinned = redis.Redis.from_url(REDIS_URL, single_connection_client=True)
+    assert direct_command(pinned) == pinned.execute_command
+    pinned.close()
