@@ -14,6 +14,10 @@ Tools take no time (reads from an in-memory store); the model is scripted. In on
 * ``p99_admission_to_start_ms``: from the router's admission to the worker starting the turn,
   in the latency phase (``..._saturated`` for the zero-latency phase, where turns queue).
 
+Beside the rates, the CPU milliseconds each costs: per step for the routers, the workers and
+the Redis server, per no-op for the workers and the Redis server. On a small machine the
+zero-latency phase keeps every core busy, so ``cpu_ratio`` follows the ratio of those costs.
+
 Rates are taken over the middle 80 % of each phase's admissions (by time), so the ramp up and
 the drain at the end do not count; ``*_overall`` figures beside them cover whole phases. The
 machine is shared and noisy, so the no-op and zero-latency phases alternate for ``ROUNDS``
@@ -153,10 +157,11 @@ def _phases(
     redis_pid = int(client.info("server").get("process_id", 0)) if _local(settings) else 0
     cpu = _Cpu(fleet, redis_pid)
     noop_rates, step_rates, ratios, fasts = [], [], [], []
-    noop_cpu, fast_cpu = 0.0, (0.0, 0.0, 0.0)
+    noop_cpu, noop_redis_cpu, fast_cpu = 0.0, 0.0, (0.0, 0.0, 0.0)
     for _ in range(rounds):  # side by side, alternating, so the machine's drift hits both
         noop_rates.append(_noops(settings, broker, noops))
-        noop_cpu += cpu.lap()[1]
+        lap = cpu.lap()
+        noop_cpu, noop_redis_cpu = noop_cpu + lap[1], noop_redis_cpu + lap[2]
         fast = _phase(api, feed, "ops.bench.fleet:fast_agent", fast_n, probes)
         lap = cpu.lap()
         fast_cpu = (fast_cpu[0] + lap[0], fast_cpu[1] + lap[1], fast_cpu[2] + lap[2])
@@ -191,6 +196,7 @@ def _phases(
         ),
         "unfinished": sum(f["unfinished"] for f in fasts) + slow["unfinished"],
         "worker_cpu_ms_per_noop": round(noop_cpu * 1000 / (noops * rounds), 3),
+        "redis_cpu_ms_per_noop": round(noop_redis_cpu * 1000 / (noops * rounds), 3),
         "worker_cpu_ms_per_step": round(fast_cpu[1] * 1000 / steps, 3),
         "router_cpu_ms_per_step": round(fast_cpu[0] * 1000 / steps, 3),
         "redis_cpu_ms_per_step": round(fast_cpu[2] * 1000 / steps, 3),
