@@ -46,6 +46,7 @@ from kernel.errors import InvalidInput
 from kernel.events import CallModel, Command, DispatchTool, LookupEffect
 from kernel.record import TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
+from store.redis_store import direct_batch
 
 _COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
     "call_model": CallModel,
@@ -268,7 +269,7 @@ class Feed:
 
     def pipeline(self) -> Any:
         """A pipeline (no transaction) on the feed's Redis, to join a push to other writes."""
-        return self.client.pipeline(transaction=False)
+        return direct_batch(self.client)
 
     def pop(self, limit: int = 256, block_s: float = 0.0) -> list[Notice]:
         """Take up to ``limit`` notices, oldest first; wait up to ``block_s`` for the first.

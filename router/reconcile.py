@@ -60,6 +60,7 @@ from router.membership import Membership
 from router.ring import Ring
 from router.stranded import ACTING, StrandedTurns
 from router.submit import RouterApi
+from store.redis_store import direct_batch
 
 log = logging.getLogger("reins.router.reconcile")
 MAX_ATTEMPTS = 16  # lost compare-and-sets in a row before a recovery is left to the backstop
@@ -133,10 +134,10 @@ class Holdings:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        pipe = self.client.pipeline(transaction=False)
+        pipe = direct_batch(self.client)
         for member, field_, value in pending:
-            pipe.hset(self.key(member), field_, value)
-        pipe.sadd(self.members_key, *{m for m, _, _ in pending})
+            pipe.execute_command("HSET", self.key(member), field_, value)
+        pipe.execute_command("SADD", self.members_key, *{m for m, _, _ in pending})
         pipe.execute()
 
     def sending(self, inner: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:

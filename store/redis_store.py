@@ -191,6 +191,63 @@ def direct_command(client: redis.Redis) -> Callable[..., Any]:
     return execute
 
 
+class DirectBatch:
+    """Commands sent together on one pooled connection and their replies read in order, as
+    ``client.pipeline(transaction=False)`` does, without its machinery; for commands whose
+    reply needs no conversion (``RPUSH``, ``LPUSH``, ``HSET``, ``SADD``, ``EVALSHA``). The
+    worker's notice and the router's holdings and turn messages go this way, once per turn.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._pool = client.connection_pool
+        self.commands: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any) -> DirectBatch:
+        """Queue one command."""
+        self.commands.append(args)
+        return self
+
+    def rpush(self, key: str, *values: Any) -> DirectBatch:
+        return self.execute_command("RPUSH", key, *values)
+
+    def lpush(self, key: str, *values: Any) -> DirectBatch:
+        return self.execute_command("LPUSH", key, *values)
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """Send what is queued, in one write; the replies in order. An error reply is raised
+        (the first), or with ``raise_on_error=False`` returned in its place."""
+        commands, self.commands = self.commands, []
+        if not commands:
+            return []
+        conn: Any = self._pool.get_connection()  # redis-py leaves these methods untyped
+        replies: list[Any] = []
+        try:
+            conn.send_packed_command(conn.pack_commands(commands))
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            conn.disconnect()  # replies may still be on their way: this connection is spent
+            raise
+        finally:
+            self._pool.release(conn)
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, ResponseError):
+                    raise reply
+        return replies
+
+
+def direct_batch(client: redis.Redis) -> Any:
+    """A :class:`DirectBatch` on ``client``, or its own pipeline (no transaction) for a client
+    pinned to one connection or of another kind."""
+    if type(client) is not redis.Redis or client.connection is not None:
+        return client.pipeline(transaction=False)
+    return DirectBatch(client)
+
+
 class RedisStore(TrajectoryStore):
     """The store on one Redis node; see the module docstring for keys, atomicity and retries."""
 

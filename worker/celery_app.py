@@ -37,6 +37,7 @@ from celery.utils.nodenames import anon_nodename
 from kernel.errors import InvalidInput
 from kernel.settings import Settings
 from router.ring import check_name
+from store.redis_store import direct_batch
 
 TURN_TASK = "reins.turn"
 NOOP_TASK = "reins.noop"
@@ -237,7 +238,7 @@ class TaskPublisher:
         pending, self.pending = self.pending, []
         if not pending:
             return 0
-        pipe = self.client.pipeline(transaction=False)
+        pipe = direct_batch(self.client)
         for key, raw in pending:
             pipe.lpush(key, raw)
         pipe.execute()

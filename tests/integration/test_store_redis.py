@@ -30,7 +30,13 @@ from redis.retry import Retry
 
 from kernel.errors import ConcurrentModification, ReinsError, StoreUnavailable
 from kernel.states import LifecycleState
-from store.redis_store import RedisStore, client_from_url, direct_command
+from store.redis_store import (
+    DirectBatch,
+    RedisStore,
+    client_from_url,
+    direct_batch,
+    direct_command,
+)
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for
 
@@ -378,3 +384,34 @@ def test_a_client_pinned_to_one_connection_keeps_its_own_execute_command() -> No
     pinned = redis.Redis.from_url(REDIS_URL, single_connection_client=True)
     assert direct_command(pinned) == pinned.execute_command
     pinned.close()
+
+
+def test_a_direct_batch_answers_as_a_pipeline_does(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    batch = direct_batch(client)
+    assert isinstance(batch, DirectBatch)
+    replies = []
+    for pipe in (client.pipeline(transaction=False), batch):
+        key = f"{key_prefix}:batch:{type(pipe).__name__}"
+        pipe.rpush(key, "a", "b").lpush(key, "c")
+        pipe.execute_command("HSET", f"{key}:h", "f", "v")
+        pipe.execute_command("SADD", f"{key}:s", "m", "n")
+        pipe.execute_command("EVALSHA", "0" * 40, 0)  # the server has no such script
+        pipe.execute_command("HSET", key, "f", "v")  # a list: WRONGTYPE
+        replies.append(pipe.execute(raise_on_error=False))
+        assert client.lrange(key, 0, -1) == [b"c", b"a", b"b"]
+    ours, theirs = replies[1], replies[0]
+    assert ours[:4] == theirs[:4] == [2, 3, 1, 2]
+    assert isinstance(ours[4], NoScriptError) and isinstance(theirs[4], NoScriptError)
+    assert type(ours[5]) is type(theirs[5]) and "WRONGTYPE" in str(ours[5])
+    batch.execute_command("EVALSHA", "0" * 40, 0)
+    with pytest.raises(NoScriptError):
+        batch.execute()
+    assert batch.execute() == [], "nothing queued: nothing sent"
+    assert len(client.connection_pool._in_use_connections) == 0
+    pinned = redis.Redis.from_url(REDIS_URL, single_connection_client=True)
+    assert not isinstance(direct_batch(pinned), DirectBatch)
+    pinned.close()
+    client.close()
