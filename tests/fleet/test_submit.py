@@ -66,11 +66,11 @@ def test_bad_jobs_are_refused_with_a_reason_and_change_nothing(
     reason: str,
 ) -> None:
     before = snapshot(inproc)
-    keys = sorted(redis_client.scan_iter(match=f"*{key_prefix}*"))
+    keys = set(redis_client.scan_iter(match=f"*{key_prefix}*"))  # SCAN may repeat a key
     with pytest.raises(error, match=reason):
         inproc.api.submit(tenant, {**refund_job("ord_1"), **job})
     assert snapshot(inproc) == before
-    assert sorted(redis_client.scan_iter(match=f"*{key_prefix}*")) == keys, "no key written"
+    assert set(redis_client.scan_iter(match=f"*{key_prefix}*")) == keys, "no key written"
 
 
 def test_a_duplicate_trajectory_id_is_refused_and_the_first_is_untouched(

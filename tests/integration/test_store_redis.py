@@ -223,7 +223,7 @@ def test_keys_are_tenant_scoped_and_a_trajectory_shares_one_slot(
     v2 = next_version(rec)
     store.compare_and_set(v2, 1, [row_for(v2, 0)])
     store.record("acme", "t:1/s2", {"ok": True})
-    keys = sorted(k.decode() for k in redis_client.scan_iter(match=f"{{{key_prefix}:*"))
+    keys = sorted({k.decode() for k in redis_client.scan_iter(match=f"{{{key_prefix}:*")})
     tag = f"{{{key_prefix}:acme:t%3A1}}"
     assert keys == [
         f"{{{key_prefix}:acme:t%3A1%2Fs2}}:idem",
