@@ -60,7 +60,7 @@ from router.membership import Membership
 from router.ring import Ring
 from router.stranded import ACTING, StrandedTurns
 from router.submit import RouterApi
-from store.redis_store import direct_batch
+from store.redis_store import direct_batch, retry_transient
 
 log = logging.getLogger("reins.router.reconcile")
 MAX_ATTEMPTS = 16  # lost compare-and-sets in a row before a recovery is left to the backstop
@@ -134,11 +134,19 @@ class Holdings:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        pipe = direct_batch(self.client)
-        for member, field_, value in pending:
-            pipe.execute_command("HSET", self.key(member), field_, value)
-        pipe.execute_command("SADD", self.members_key, *{m for m, _, _ in pending})
-        pipe.execute()
+
+        def write() -> None:  # idempotent: retried as a whole
+            pipe = direct_batch(self.client)
+            for member, field_, value in pending:
+                pipe.execute_command("HSET", self.key(member), field_, value)
+            pipe.execute_command("SADD", self.members_key, *{m for m, _, _ in pending})
+            pipe.execute()
+
+        try:
+            retry_transient(write, what="writing the holdings", attempts=4, counted=4)
+        except ReinsError:
+            self._pending = pending + self._pending  # written before anything is sent
+            raise
 
     def sending(self, inner: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
         """A sender that records each holding, then sends through ``inner`` at once."""

@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from kernel.errors import ConfigError, EmptyRing, ReinsError
 from kernel.settings import Settings
@@ -146,7 +148,7 @@ class RouterService:
         self.holdings = Holdings(self.client, prefix)
         self._batch: TaskPublisher | None = None
         if sender is None:
-            broker = redis.Redis.from_url(settings.broker_url)
+            broker = redis.Redis.from_url(settings.broker_url, retry=Retry(NoBackoff(), 0))
             self._batch = TaskPublisher(make_app(settings), broker, settings)
             sender = self.holdings.buffering(self._batch.turn)  # flushed before the batch
             self._send_now: Sender = self.holdings.sending(self._batch.send)

@@ -34,10 +34,10 @@ import redis
 from celery import Celery
 from celery.utils.nodenames import anon_nodename
 
-from kernel.errors import InvalidInput
+from kernel.errors import InvalidInput, ReinsError
 from kernel.settings import Settings
 from router.ring import check_name
-from store.redis_store import direct_batch
+from store.redis_store import direct_batch, retry_transient
 
 TURN_TASK = "reins.turn"
 NOOP_TASK = "reins.noop"
@@ -234,14 +234,30 @@ class TaskPublisher:
         self.add(TURN_TASK, member, [payload], turn_repr(payload))
 
     def flush(self) -> int:
-        """Push what is buffered, in order, in one round trip; returns how many went."""
+        """Push what is buffered, in order, in one round trip; returns how many went.
+
+        A broker that cannot be reached is retried (bounded, with backoff); then the messages
+        stay buffered, in order, for the next flush, and :class:`StoreUnavailable` is raised.
+        A retried batch that had partly landed sends some messages twice: the second of a pair
+        finds its version stale and is ignored, as a redelivery would be.
+        """
         pending, self.pending = self.pending, []
         if not pending:
             return 0
-        pipe = direct_batch(self.client)
-        for key, raw in pending:
-            pipe.lpush(key, raw)
-        pipe.execute()
+
+        def push() -> None:
+            pipe = direct_batch(self.client)
+            for key, raw in pending:
+                pipe.lpush(key, raw)
+            pipe.execute()
+
+        try:
+            retry_transient(
+                push, what=f"sending {len(pending)} task messages", attempts=4, counted=4
+            )
+        except ReinsError:
+            self.pending = pending + self.pending
+            raise
         return len(pending)
 
     def send(self, member: str, payload: dict[str, Any]) -> None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from kernel.errors import StoreUnavailable
 from kernel.settings import Settings
 from tests.conftest import REDIS_URL
 from worker.celery_app import (
@@ -90,3 +94,31 @@ def test_a_drain_takes_published_turns_back_oldest_first(
     assert [p["version"] for p in taken] == [1, 2, 3]
     assert take_queued_turns(redis_client, settings, "w1", 10) == [PAYLOAD]
     assert publisher.flush() == 0  # nothing buffered: no round trip, nothing pushed
+
+
+def test_a_broker_out_of_reach_keeps_the_messages_for_the_next_flush(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    settings = _settings(key_prefix)
+    app = make_app(settings)
+    gone = redis.Redis(
+        host="127.0.0.1", port=_closed_port(), retry=Retry(NoBackoff(), 0)
+    )  # as the router builds it: the publisher does the retrying
+    publisher = TaskPublisher(app, gone, settings)
+    publisher.turn("w1", {**PAYLOAD, "version": 1})
+    publisher.turn("w1", {**PAYLOAD, "version": 2})
+    with pytest.raises(StoreUnavailable, match="sending 2 task messages"):
+        publisher.flush()
+    assert len(publisher.pending) == 2, "kept, in order, for the next flush"
+    publisher.client = redis_client  # the broker is back
+    publisher.turn("w1", {**PAYLOAD, "version": 3})
+    assert publisher.flush() == 3
+    taken = take_queued_turns(redis_client, settings, "w1", 10)
+    assert [p["version"] for p in taken] == [1, 2, 3]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

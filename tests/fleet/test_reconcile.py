@@ -6,13 +6,17 @@ runner carries out which message, and makes a member lapse by backdating its hea
 
 from __future__ import annotations
 
+import socket
 from collections import Counter
 from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, ResponseError
+from redis.retry import Retry
 
+from kernel.errors import StoreUnavailable
 from kernel.record import OpStatus
 from kernel.states import LifecycleState, StopReason
 from router.feed import Feed, Notice, TurnMessage
@@ -255,3 +259,23 @@ def test_a_lapsed_member_still_on_this_routers_ring_is_not_reconciled_yet(
     assert inproc.service.reconciler.tick() == [tid]
     inproc.cycle()
     assert {m for m, _ in inproc.sent} == {"w2"}, "the recovered turn goes to the live member"
+
+
+def test_holdings_that_cannot_be_written_stay_buffered_and_nothing_is_sent(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    gone = redis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))
+    holdings = Holdings(gone, key_prefix)
+    sent: list[str] = []
+    send = holdings.sending(lambda member, payload: sent.append(member))
+    payload = {"tenant": "acme", "trajectory_id": "t1", "version": 3, "epoch": 0, "commands": []}
+    with pytest.raises(StoreUnavailable, match="writing the holdings"):
+        send("w1", payload)
+    assert sent == [], "register before send: no holding, no message"
+    holdings.client = redis_client  # Redis is back: the kept holding is written first
+    send("w2", {**payload, "trajectory_id": "t2"})
+    assert sent == ["w2"]
+    assert held_ids(holdings, "w1") == {"t1"} and held_ids(holdings, "w2") == {"t2"}
