@@ -5,8 +5,10 @@ Only for values the kernel itself computed; anything from outside is validated a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -54,24 +56,43 @@ class Mutable(BaseModel):
                 super().__setattr__(name, value)
 
 
-_TEMPLATES: dict[type[BaseModel], dict[str, Any]] = {}
+_Factory = Callable[[], Any]
+_TEMPLATES: dict[type[BaseModel], tuple[dict[str, Any], tuple[tuple[str, _Factory], ...]]] = {}
+
+
+def _template(cls: type[BaseModel]) -> tuple[dict[str, Any], tuple[tuple[str, _Factory], ...]]:
+    """Every field in declared order with its plain default (None where it has none, or a
+    factory), and the fields whose default comes from a factory."""
+    fields: dict[str, Any] = {}
+    factories: list[tuple[str, _Factory]] = []
+    for name, f in cls.model_fields.items():
+        fields[name] = None if f.is_required() or f.default_factory else f.default
+        factory = f.default_factory
+        if isinstance(factory, type) and issubclass(factory, BaseModel):
+            # A model of its defaults: built the same way, not validated again.
+            factories.append((name, partial(construct, factory)))
+        elif factory is not None:
+            factories.append((name, cast(_Factory, factory)))
+    return fields, tuple(factories)
 
 
 def construct(cls: type[M], **values: Any) -> M:
     """Build a model from values the kernel computed itself, without validation.
 
-    Like ``model_construct`` but with the defaults looked up once per class; only for models
-    whose defaults are immutable (the kernel's rows, operations and commands). The fields
+    Like ``model_construct`` but with the defaults looked up once per class. A field left out
+    gets its default; one with a default factory gets a fresh value from it, as validation
+    would give (a list or dict of its own, never one shared with another model). The fields
     keep their declared order, so the model serialises exactly as a validated one does.
     """
-    template = _TEMPLATES.get(cls)
-    if template is None:
-        template = {
-            name: None if f.is_required() else f.get_default(call_default_factory=True)
-            for name, f in cls.model_fields.items()
-        }
-        _TEMPLATES[cls] = template
+    found = _TEMPLATES.get(cls)
+    if found is None:
+        found = _TEMPLATES[cls] = _template(cls)
+    template, factories = found
     fields = {**template, **values}  # the template's keys first: the declared order
+    if factories:
+        for name, factory in factories:
+            if name not in values:
+                fields[name] = factory()
     new = _new(cls)
     _set_dict(new, fields)
     _set_fields_set(new, set(values))

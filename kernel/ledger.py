@@ -79,7 +79,6 @@ class Ledger(BaseModel):
             ),
             tokens=construct(CountAccount, allowance=budget.max_tokens, reserve=r.tokens),
             dollars=construct(MoneyAccount, allowance=budget.max_cost, reserve=r.dollars),
-            reservations={},
         )
 
     def clone(self) -> Ledger:

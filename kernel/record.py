@@ -245,6 +245,17 @@ class TrajectoryRecord(Mutable):
         grants: Grants | None = None,
     ) -> TrajectoryRecord:
         """A new record at version 1 in READY, its ledger opened from the budget."""
+        fields = {
+            "trajectory_id": trajectory_id,
+            "tenant": tenant,
+            "user": user,
+            "goal": goal,
+            "agent": agent,
+            "parent_id": parent_id,
+            "budget": budget,
+            "ledger": Ledger.open(budget),
+            "submitted_at": now,
+        }
         texts = (trajectory_id, tenant, user, goal, agent)
         if (
             all(type(t) is str for t in texts)
@@ -253,39 +264,9 @@ class TrajectoryRecord(Mutable):
             and type(now) is float
             and (grants is None or type(grants) is Grants)
         ):
-            # What validation would check, checked: the record is built without it, every
-            # container its own (the template's defaults would be shared).
-            return construct(
-                cls,
-                trajectory_id=trajectory_id,
-                tenant=tenant,
-                user=user,
-                parent_id=parent_id,
-                goal=goal,
-                agent=agent,
-                plan=[],
-                facts={},
-                budget=budget,
-                ledger=Ledger.open(budget),
-                submitted_at=now,
-                seen={},
-                error_streak=construct(ErrorStreak),
-                grants=grants or construct(Grants, denied_targets=[]),
-                operations={},
-                job_logs={},
-            )
-        return cls(
-            trajectory_id=trajectory_id,
-            tenant=tenant,
-            user=user,
-            goal=goal,
-            agent=agent,
-            parent_id=parent_id,
-            budget=budget,
-            ledger=Ledger.open(budget),
-            submitted_at=now,
-            grants=grants or Grants(),
-        )
+            # What validation would check, checked: the record is built without it.
+            return construct(cls, **fields, grants=grants or construct(Grants))
+        return cls(**fields, grants=grants or Grants())
 
     def clone(self) -> TrajectoryRecord:
         """A copy the kernel may change without touching this record.

@@ -151,7 +151,6 @@ def _completed(content: Any, raw: str, tokens_in: int, tokens_out: int, latency:
             raw=raw,
             usage=usage,
             latency_s=latency,
-            rate_limits={},  # the template's default would be one dict shared by every reply
         )
     return ModelReply(
         status=ReplyStatus.COMPLETED,

@@ -21,12 +21,14 @@ from kernel.amounts import ZERO, Amounts, Dimension, Usage, tool_call_charge, to
 from kernel.budget import Budget
 from kernel.chain import RowKind
 from kernel.events import DispatchTool, ModelReplied, ReplyStatus
+from kernel.fastmodel import construct
 from kernel.jsontext import canonical_text, plain_text, sorted_text
 from kernel.ledger import Ledger
 from kernel.lifecycle import Cause
 from kernel.record import (
     ApprovalStatus,
     ControlKind,
+    ErrorStreak,
     Grants,
     OpKind,
     OpStatus,
@@ -219,3 +221,22 @@ def test_a_reply_with_a_negative_latency_is_still_refused_as_an_event() -> None:
     reply = ModelReply(status=ReplyStatus.COMPLETED, latency_s=-1.0)
     with pytest.raises(ValueError):
         reply.replied("t1/m1", 1.0)
+
+
+def test_a_constructed_model_gets_its_own_value_from_each_default_factory() -> None:
+    first, second = construct(Grants), construct(Grants)
+    first.denied_targets.append("ord_1")
+    assert second.denied_targets == [] and second == Grants()
+    a, b = Ledger.open(Budget()), Ledger.open(Budget())
+    assert a.reservations is not b.reservations and a == b
+    base = TrajectoryRecord.create(
+        trajectory_id="t", tenant="acme", user="u", goal="g", agent="a", budget=Budget(), now=0.0
+    )
+    required = {
+        n: getattr(base, n) for n, f in TrajectoryRecord.model_fields.items() if f.is_required()
+    }
+    one, two = construct(TrajectoryRecord, **required), construct(TrajectoryRecord, **required)
+    assert one.error_streak == ErrorStreak()  # a model as factory: a fresh one of its defaults
+    assert one.error_streak is not two.error_streak and one.facts is not two.facts
+    given_value = ["x"]
+    assert construct(Grants, denied_targets=given_value).denied_targets is given_value
