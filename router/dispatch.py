@@ -215,7 +215,7 @@ class Dispatcher:
                 log.info("did not finalize %s/%s: %s", tenant, tid, exc)
                 return
             try:
-                commit(self.store, rec, result, ctx, self.observer)
+                commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
                 return
             except ConcurrentModification:
                 continue
@@ -330,7 +330,7 @@ class Dispatcher:
             self._withdraw(tid, route, lease)
             return None
         try:
-            commit(self.store, rec, result, ctx, self.observer)
+            commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
         except ConcurrentModification:
             self._release(route, lease)
             self._resolve(self.admitter.decline, nom)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from kernel.errors import ConcurrentModification
 from kernel.record import TrajectoryRecord
-from kernel.step import KernelContext, StepResult
+from kernel.step import StepResult
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.membership import MemberRecord
@@ -87,11 +87,12 @@ def commit(
     store: TrajectoryStore,
     rec: TrajectoryRecord,
     result: StepResult,
-    ctx: KernelContext,
     observer: CommitObserver | None,
+    provider: str = NO_PROVIDER,
 ) -> None:
-    """Compare-and-set ``result`` over ``rec`` and report it to ``observer``; raises
-    :class:`ConcurrentModification` (reported as a conflict) when another writer won."""
+    """Compare-and-set ``result`` over ``rec`` and report it to ``observer`` (``provider``
+    made its model calls); raises :class:`ConcurrentModification` (reported as a conflict)
+    when another writer won. Every process that commits a step commits it here."""
     try:
         store.compare_and_set(result.record, rec.record_version, result.rows)
     except ConcurrentModification:
@@ -99,4 +100,4 @@ def commit(
             observer.on_store_conflict()
         raise
     if observer is not None:
-        observer.on_step_result(rec, result, ctx.agent.model.provider)
+        observer.on_step_result(rec, result, provider)

@@ -276,7 +276,7 @@ class RouterApi:
             if result.record is rec:
                 return result
             try:
-                commit(self.store, rec, result, ctx, self.observer)
+                commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
             except ConcurrentModification:
                 continue
             self._carry_out(result)
@@ -294,7 +294,7 @@ class RouterApi:
         if result.record is rec:
             return False
         try:
-            commit(self.store, rec, result, ctx, self.observer)
+            commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
         except ConcurrentModification:
             return False
         self._carry_out(result)

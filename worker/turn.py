@@ -81,7 +81,7 @@ from router.feed import (
     TurnMessage,
     ready_notice,
 )
-from router.observe import CommitObserver, provider_of
+from router.observe import CommitObserver, commit, provider_of
 from router.reconcile import Holdings
 from store.base import TrajectoryStore
 from worker.backend import dispatch
@@ -365,14 +365,10 @@ class TurnRunner:
             if result.record is rec:
                 return rec, result
             try:
-                self.store.compare_and_set(result.record, rec.record_version, result.rows)
+                commit(self.store, rec, result, self.observer, self._provider(rec.agent))
             except ConcurrentModification:
-                if self.observer is not None:
-                    self.observer.on_store_conflict()
                 rec = self.store.load(rec.tenant, rec.trajectory_id)
                 continue
-            if self.observer is not None:
-                self.observer.on_step_result(rec, result, self._provider(rec.agent))
             return result.record, result
         raise StoreError(
             f"{rec.trajectory_id}: lost {MAX_CAS_ATTEMPTS} commits in a row; giving the turn up"
