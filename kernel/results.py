@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from kernel import shapes, waits
-from kernel.amounts import ZERO, Amounts, tool_call_charge, tool_call_liability
+from kernel.amounts import (
+    ONE_TOOL_CALL,
+    ZERO,
+    Amounts,
+    Dimension,
+    tool_call_charge,
+    tool_call_liability,
+)
 from kernel.chain import RowKind
 from kernel.errors import AdmissionRefused, UnknownReference
 from kernel.events import DispatchTool, LookupEffect
@@ -58,7 +65,7 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
         # earlier attempts (sent, so counted, but without effect); then re-send under the key.
         for attempt in op.attempts:
             if attempt in rec.ledger.reservations:
-                rec.ledger.book(attempt, Amounts.of(tool_calls=1))
+                rec.ledger.book(attempt, ONE_TOOL_CALL)
     unknown = status == "unknown" or (ev.looked_up and status == "absent")
     if unknown and spec is not None and spec.kind is ToolKind.WRITE:
         resolve_unknown(turn, op, spec, ev.looked_up)
@@ -155,8 +162,6 @@ def resolve_unknown(turn: Turn, op: Operation, spec: ToolSpec, looked_up: bool =
     try:
         rec.ledger.admit(attempt, tool_call_liability(spec.liability or ZERO))
     except AdmissionRefused as refused:
-        from kernel.amounts import Dimension
-
         turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
         return
     op.attempts.append(attempt)

@@ -98,9 +98,6 @@ def new_commit_id() -> str:
     return _COMMIT_IDS.next()
 
 
-_ROW_JSON = model_json  # a row's JSON bytes, exactly its pydantic serializer's
-
-
 def prepare_commit(
     record: TrajectoryRecord,
     expected_version: int,
@@ -143,7 +140,7 @@ def prepare_commit(
         version,
         record.state.value,
         record.to_json(),
-        tuple(map(_ROW_JSON, chain_rows)),
+        tuple(map(model_json, chain_rows)),  # exactly pydantic's bytes
         first,
         commit_id or new_commit_id(),
     )

@@ -136,6 +136,7 @@ def _completed(content: Any, raw: str, tokens_in: int, tokens_out: int, latency:
     """A COMPLETED reply, built without re-validation when its figures are already of the
     types validation would give (the estimator and the policy are injected: anything else is
     validated, and refused or coerced, as before)."""
+    fields = {"status": ReplyStatus.COMPLETED, "content": content, "raw": raw, "latency_s": latency}
     if (
         type(latency) is float
         and type(tokens_in) is int
@@ -144,18 +145,5 @@ def _completed(content: Any, raw: str, tokens_in: int, tokens_out: int, latency:
         and tokens_out >= 0
     ):
         usage = construct(Usage, uncached_input=tokens_in, output=tokens_out)
-        return construct(
-            ModelReply,
-            status=ReplyStatus.COMPLETED,
-            content=content,
-            raw=raw,
-            usage=usage,
-            latency_s=latency,
-        )
-    return ModelReply(
-        status=ReplyStatus.COMPLETED,
-        content=content,
-        raw=raw,
-        usage=Usage(uncached_input=tokens_in, output=tokens_out),
-        latency_s=latency,
-    )
+        return construct(ModelReply, **fields, usage=usage)
+    return ModelReply(**fields, usage=Usage(uncached_input=tokens_in, output=tokens_out))
