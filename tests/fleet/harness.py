@@ -53,6 +53,22 @@ def refund_job(order_id: str, agent: str = AGENT) -> dict[str, Any]:
     }
 
 
+class Submits(Protocol):
+    """What :func:`submit_refunds` needs: a router API's submission."""
+
+    def submit(self, tenant: str, body: dict[str, Any]) -> Any: ...
+
+
+def submit_refunds(api: Submits, orders: list[str], tenants: list[str]) -> list[tuple[str, str]]:
+    """A refund job per order, the tenants taking turns (so every backlog grows alike);
+    the (tenant, trajectory id) of each, in order."""
+    ids = []
+    for i, oid in enumerate(orders):
+        tenant = tenants[i % len(tenants)]
+        ids.append((tenant, api.submit(tenant, refund_job(oid)).trajectory_id))
+    return ids
+
+
 class _Observer(RouterObserver, TurnObserver, Protocol):
     """What watches the router and the worker of one process (``ops.metrics.Metrics``)."""
 

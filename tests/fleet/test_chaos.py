@@ -27,7 +27,7 @@ from ops.fleet_local import LocalFleet, wait_for
 from router.reconcile import Holdings
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
-from tests.fleet.harness import refund_job, seed_orders
+from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
     caller_api,
     effects_by_order,
@@ -67,10 +67,8 @@ class Run:
     def submit(self) -> None:
         start(self.fleet, routers=("r1",))
         api = caller_api(self.env, self.client, "redis", None)
-        tenants = list(WEIGHTS)
-        for i, oid in enumerate(seed_orders(self.client, self.prefix, 1000, TRAJECTORIES)):
-            tenant = tenants[i % len(tenants)]
-            self.ids.append((tenant, api.submit(tenant, refund_job(oid)).trajectory_id))
+        orders = seed_orders(self.client, self.prefix, 1000, TRAJECTORIES)
+        self.ids.extend(submit_refunds(api, orders, list(WEIGHTS)))
 
     def records(self) -> list[TrajectoryRecord]:
         return [self.store.load(t, i) for t, i in self.ids]

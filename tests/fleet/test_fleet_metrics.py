@@ -28,7 +28,7 @@ from ops.fleet_local import LocalFleet, wait_for
 from ops.metrics import OTHER, TOOL_OUTCOMES, Metrics
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
-from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
+from tests.fleet.harness import InProcessFleet, refund_job, seed_orders, submit_refunds
 from tests.fleet.processes import BACKEND, caller_api, stop_all, wait_all_ended
 
 pytestmark = pytest.mark.redis
@@ -194,10 +194,7 @@ def test_a_worker_and_a_router_serve_what_the_dashboard_queries(
     local_fleet.wait_ready(["w1"], [])
     # queued before the router starts: its first claims pass the gate's concurrency of 6
     api = caller_api(fleet_env, redis_client, "redis", gates_file)
-    ids = []
-    for i, oid in enumerate(seed_orders(redis_client, key_prefix, 900, JOBS)):
-        tenant = TENANTS[i % len(TENANTS)]
-        ids.append((tenant, api.submit(tenant, refund_job(oid)).trajectory_id))
+    ids = submit_refunds(api, seed_orders(redis_client, key_prefix, 900, JOBS), TENANTS)
     local_fleet.start(
         "router",
         "r1",

@@ -24,7 +24,7 @@ from router.feed import Feed
 from router.membership import Membership
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
-from tests.fleet.harness import refund_job, seed_orders
+from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
     caller_api,
     effects_by_order,
@@ -55,12 +55,7 @@ def run_jobs(
     start(fleet, admitter=admitter, gates=gates)
     api = caller_api(env, client, admitter, gates)
     feed = Feed(client, prefix)
-    orders = seed_orders(client, prefix, 1000, TRAJECTORIES)
-    tenants = list(WEIGHTS)
-    ids = []
-    for i, oid in enumerate(orders):  # interleaved, so every backlog grows alike
-        tenant = tenants[i % len(tenants)]
-        ids.append((tenant, api.submit(tenant, refund_job(oid)).trajectory_id))
+    ids = submit_refunds(api, seed_orders(client, prefix, 1000, TRAJECTORIES), list(WEIGHTS))
     store = RedisStore(client, prefix=prefix)
     if kill_a_worker:
         wait_admissions(feed, 250, 90)
