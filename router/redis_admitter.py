@@ -56,12 +56,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
+from redis.exceptions import NoScriptError
 
 from kernel.budget import Budget
 from kernel.errors import (
     ClaimLapsed,
     ConfigError,
     StaleNomination,
+    StoreError,
     SubmissionRefused,
 )
 from kernel.states import StopReason
@@ -123,6 +125,9 @@ class RedisAdmitter:
         self._lane_of, self._class_of = self._lanes.lane_of, self._lanes.class_of
         self._claim = LuaScript(client, "state.lua", "pick.lua", "gates.lua", "claim.lua")
         self._commit = LuaScript(client, "state.lua", "commit.lua")
+        self._chain = LuaScript(
+            client, "state.lua", "queue.lua", "pick.lua", "gates.lua", "chain.lua", "claim.lua"
+        )
         self._enqueue = LuaScript(client, "state.lua", "queue.lua", "enqueue.lua")
         self._resolve = LuaScript(client, "state.lua", "queue.lua", "gates.lua", "resolve.lua")
         self._book = FairnessBook(
@@ -227,6 +232,42 @@ class RedisAdmitter:
             answers[slot] = answer
         return answers
 
+    def claim_returning(
+        self, call: Returning, *, settle: tuple[str, str, int] = ("", "", -1)
+    ) -> tuple[bool, Claim | None]:
+        """Queue a trajectory back at READY, then claim it at once if that overtakes nobody.
+
+        For the worker that just ended the trajectory's turn (:mod:`worker.chain`); one script
+        run (chain.lua, then claim.lua), so no router claims the call in between. A call whose
+        route has a gate is claimed only if weighted deficit round-robin picks it next (the
+        claim a router would make next). A call with no gate competes for nothing, so it is
+        claimed at once ("direct"). Either way the claim debits, deducts and counts as a
+        router's claim does.
+
+        Returns whether the call is queued and the claim, if one was made. ``(True, None)``:
+        queued, another call comes first or its gate refused; a router admits it.
+        ``(False, None)``: not queued (already queued, or its charge is over the tenant's
+        largest call); the router's requeue decides. The route is the one the turn's
+        admission checked. ``settle``: the ended turn's (route, lease id, tokens used or -1),
+        settled first in the same run (as :meth:`RedisGates.settle`), whatever the answer.
+        """
+        tenant, tid, input_tokens, output_allowance, service_class, route = call
+        lane, klass, cfg = self._resolve_names(tenant, service_class)
+        charge = scheduling_charge(tid, input_tokens, output_allowance)
+        if charge > cfg.largest_call_tokens:
+            if settle[1] and self.gates is not None:
+                self.gates.settle(settle[0], settle[1], settle[2] if settle[2] >= 0 else None)
+            return False, None
+        call_args = (tid, lane, klass, input_tokens, output_allowance, charge, route or "")
+        args = (self._now(), 0, self._claim_ttl, "1", "direct", tid, 1, 0, *settle, *call_args)
+        reply = self._chain(self._keys, args, retry=False)
+        if int(reply[0]) == -1:
+            return False, None
+        if int(reply[0]) == -3:
+            return True, None
+        batch = claims_from(self.config, reply, True)
+        return True, batch.claims[0] if batch.claims else None
+
     def withdraw(self, trajectory_id: str) -> bool:
         """Take a trajectory out, queued or claimed (its claim dropped); False if absent."""
         reply = self._resolve(self._keys, ("withdraw", trajectory_id, self._now()), retry=False)
@@ -268,7 +309,20 @@ class RedisAdmitter:
         closed: Sequence[str] = (),
     ) -> ClaimBatch:
         """Up to ``count`` claims in one script run, as many :meth:`claim` calls in a row."""
-        args = (self._now(), tries, self._claim_ttl, "1" if depths else "0", "claim", expect)
+        return self._claims(count, tries, depths=depths, expect=expect, skip=skip, closed=closed)
+
+    def _claims(
+        self,
+        count: int,
+        tries: int,
+        *,
+        depths: bool,
+        expect: str,
+        mode: str = "claim",
+        skip: Sequence[int] = (),
+        closed: Sequence[str] = (),
+    ) -> ClaimBatch:
+        args = (self._now(), tries, self._claim_ttl, "1" if depths else "0", mode, expect)
         reply = self._claim(self._keys, (*args, count, len(skip), *skip, *closed), retry=False)
         if int(reply[0]) == -3:
             return ClaimBatch((), 0, "moved")
@@ -293,6 +347,26 @@ class RedisAdmitter:
         """Commit several claims in one round trip; per claim its wait, or None if it lapsed."""
         claims = [_claim_of(n) for n in nominations]
         reply = self._commit(self._keys, (self._now(), *(c.claim_id for c in claims)), retry=False)
+        return self._committed(claims, reply)
+
+    def commit_on(self, pipe: Any, claim: Claim) -> Callable[[Any], float | None]:
+        """Queue the commit of ``claim`` on a pipeline (a bare ``EVALSHA``, executed with
+        ``raise_on_error=False``) beside other writes; pass its reply to the function returned
+        for :meth:`commit_many`'s answer (a server that lost the script: committed again)."""
+        pipe.execute_command(
+            "EVALSHA", self._commit.sha, 1, *self._keys, self._now(), claim.claim_id
+        )
+
+        def finish(reply: Any) -> float | None:
+            if isinstance(reply, NoScriptError):
+                return self.commit_many([claim])[0]
+            if isinstance(reply, Exception):
+                raise StoreError(f"commit.lua: {reply}")
+            return self._committed([claim], reply)[0]
+
+        return finish
+
+    def _committed(self, claims: Sequence[Claim], reply: Sequence[Any]) -> list[float | None]:
         now = float(text(reply[0]))
         waits: list[float | None] = []
         for claim, done in zip(claims, reply[1:], strict=True):

@@ -6,7 +6,9 @@
 -- ARGV[2]  gate refusals allowed before giving up (0: one per lane in rotation)
 -- ARGV[3]  seconds a claim may stay uncommitted before the reconciler may reap it
 -- ARGV[4]  "1" to return every lane's queue depth after each claim
--- ARGV[5]  "claim", or "peek": only nominate and return the call, claiming nothing
+-- ARGV[5]  "claim"; "peek": only nominate and return the call, claiming nothing; or "direct":
+--          first try the expected call itself, if its route has no gate and it is at the head
+--          of its class queue, without nominating (below)
 -- ARGV[6]  the trajectory id the caller expects to claim (after a peek), or ""
 -- ARGV[7]  how many calls to claim at most (a dispatcher with that many free slots)
 -- ARGV[8]  S, the number of lanes to skip; ARGV[9 .. 8+S] those lanes; ARGV[9+S ..] closed routes
@@ -18,6 +20,12 @@
 -- routes are tried next. A call that passes is taken (dequeued, charge deducted, as drr.commit)
 -- and claimed: no other claim returns it until it is committed, declined or reaped. Claiming
 -- several calls in one run is claiming them one after another.
+--
+-- "direct" is for the worker that just queued the call back (worker/chain.py). A call with no
+-- gate takes nothing another call could want, so the order of admissions does not matter: it
+-- is moved to the head of its class queue and taken as if nominated now (dequeued, its charge
+-- deducted from its tenant's credit, claimed and counted like any other). A call with a gate
+-- is nominated as usual.
 --
 -- Returns {n, refused, last refusal reason, now, last refused route, then per claim: claim id,
 -- trajectory id, call data, seq, requests, tokens, leases, rpm, tpm, concurrency (gate figures
@@ -40,8 +48,30 @@ end
 local deadline = num(now + tonumber(ARGV[3]))
 local cap = const('cap')
 local reply = { 0, 0, '', num(now), '' }
+local function direct(expected)
+  local data = redis.call('HGET', CALLS, expected)
+  if not data or string.sub(data, 1, 1) == '#' or route_of(data) ~= '' then
+    return nil
+  end
+  local lane, k = string.match(data, '^(%d+)|(%d+)|')
+  local q = qkey(lane, k)
+  if redis.call('LINDEX', q, 0) ~= expected then -- to the head of its class queue, for take()
+    redis.call('LREM', q, 1, expected)
+    redis.call('LPUSH', q, expected)
+  end
+  return lane, k, expected, data, charge_of(data)
+end
+
+local first = ARGV[5] == 'direct'
 while reply[1] < count and reply[2] < tries do
-  local lane, k, tid, data, charge = nominate(cap, skip, closed)
+  local lane, k, tid, data, charge
+  if first then
+    lane, k, tid, data, charge = direct(ARGV[6])
+    first = false
+  end
+  if not lane then
+    lane, k, tid, data, charge = nominate(cap, skip, closed)
+  end
   if not lane then
     break
   end

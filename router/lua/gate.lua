@@ -38,16 +38,7 @@ elseif op == 'renew' then
     ok, reason = 0, 'lease_lost'
   end
 elseif op == 'settle' then
-  redis.call('ZREM', ls, ARGV[4])
-  local counted = tonumber(redis.call('HGET', amt, ARGV[4]))
-  if counted then
-    local used = tonumber(ARGV[5])
-    if used >= 0 then
-      redis.call('HINCRBY', g, 'tok', used - counted)
-      redis.call('HSET', amt, ARGV[4], used)
-    end
-    redis.call('ZADD', log, 'XX', num(now + tonumber(redis.call('HGET', g, 'win'))), ARGV[4])
-  else
+  if not gate_settle(route, ARGV[4], tonumber(ARGV[5]), now) then
     ok, reason = 0, 'not_debited'
   end
 elseif op == 'release' then

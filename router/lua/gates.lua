@@ -61,6 +61,25 @@ local function gate_release(route, lease)
   return redis.call('ZREM', log, lease)
 end
 
+-- A request's reply is in: release its concurrency lease; with usage evidence (`used` >= 0) its
+-- debit counts what it used; either way the debit counts until now + window. Returns false if
+-- the lease was never debited.
+local function gate_settle(route, lease, used, now)
+  local g, log, amt, ls = gate_keys(route)
+  gate_seen[route] = nil
+  redis.call('ZREM', ls, lease)
+  local counted = tonumber(redis.call('HGET', amt, lease))
+  if not counted then
+    return false
+  end
+  if used >= 0 then
+    redis.call('HINCRBY', g, 'tok', used - counted)
+    redis.call('HSET', amt, lease, used)
+  end
+  redis.call('ZADD', log, 'XX', num(now + tonumber(redis.call('HGET', g, 'win'))), lease)
+  return true
+end
+
 -- Debit one request of `tokens` under `lease`, or refuse changing nothing. `fresh`: the caller
 -- made the lease id just now (a claim id), so it cannot hold a debit already.
 -- Returns ok (1/0), reason, the requests, tokens and leases counted after the debit (before, if
