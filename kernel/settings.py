@@ -46,6 +46,15 @@ class Settings(BaseModel):
         le=1,
         description="a router woken by an ended turn waits this long for more (0: admits at once)",
     )
+    chain_turns: int = Field(
+        16,
+        ge=0,
+        le=1000,
+        description=(
+            "turns a worker may admit back to back for a trajectory it just ended READY, each "
+            "only when the shared admitter picks it next (0: every turn goes through a router)"
+        ),
+    )
     # --- Prometheus (ops/metrics.py): every router and worker process serves /metrics ---
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /metrics; 0: not served")
     metrics_host: str = Field(

@@ -9,7 +9,9 @@ One admission, in order (DESIGN.md, "One turn through the fleet", steps 2-4)::
     store.compare_and_set(result.record)   # register before send
     admitter.commit(nomination)            # the charge stands, the gate lease is the turn's
     member = ring.lookup(tenant/trajectory)
-    send TurnMessage to member's queue     # one Celery message per turn
+    send TurnMessage to member's queue     # one Celery message per turn; with the shared
+                                           # admitter it lets the worker chain the next
+                                           # REINS_CHAIN_TURNS turns itself (worker.chain)
 
 and what happens when something else is true:
 
@@ -126,8 +128,11 @@ class Dispatcher:
         depths: Callable[[], Sequence[int]] | None = None,
         clock: Callable[[], float] = time.time,
         observer: AdmissionObserver | None = None,
+        chain_turns: int = 0,
     ) -> None:
         self.name, self.store, self.admitter, self.feed = name, store, admitter, feed
+        # Only a worker admitting through the same shared admitter may chain turns itself.
+        self.chain_turns = chain_turns if shared else 0
         self.observer = observer
         self.agents, self.ring, self.sender = agents, ring, sender
         self.gates, self.gate_config, self.shared = gates, gate_config, shared
@@ -340,17 +345,15 @@ class Dispatcher:
         if not commands:  # the kernel ended the run, or carried out a hold, at admission
             self._withdraw(tid, route, lease)
             return None
-        msg = TurnMessage(
-            tenant=tenant,
-            trajectory_id=tid,
-            version=result.record.record_version,
-            epoch=result.record.control_epoch,
-            commands=commands,
-            admitted_at=self.clock(),
+        msg = TurnMessage.of(
+            result.record,
+            commands,
+            self.clock(),
             sent_by=self.name,
             lease=lease,
             route=route,
             lease_ttl_s=self._lease_ttl(route) if lease else 0.0,
+            chain=self.chain_turns,
         )
         return ring.lookup(placement_key(tenant, tid)), msg
 

@@ -160,6 +160,27 @@ class TurnMessage:
     route: str = ""
     refused_by: tuple[str, ...] = ()  # members that handed it back unable to read the record
     lease_ttl_s: float = 0.0  # the gate lease lapses unless renewed this often (0: no lease)
+    chain: int = 0  # turns the worker may admit after this one itself (worker.chain)
+
+    @classmethod
+    def of(
+        cls,
+        rec: TrajectoryRecord,
+        commands: tuple[WorkerCommand, ...],
+        admitted_at: float,
+        **rest: Any,
+    ) -> TurnMessage:
+        """The message of ``rec``'s turn, at the version and epoch its commands were committed
+        at; ``rest``: the other fields (sender, lease, route, ...)."""
+        return cls(
+            tenant=rec.tenant,
+            trajectory_id=rec.trajectory_id,
+            version=rec.record_version,
+            epoch=rec.control_epoch,
+            commands=commands,
+            admitted_at=admitted_at,
+            **rest,
+        )
 
     @property
     def call_id(self) -> str:
@@ -183,6 +204,7 @@ class TurnMessage:
             "route": self.route,
             "refused_by": list(self.refused_by),
             "lease_ttl_s": self.lease_ttl_s,
+            "chain": self.chain,
         }
 
     @classmethod
@@ -204,9 +226,16 @@ class TurnMessage:
                 route=str(payload.get("route", "")),
                 refused_by=tuple(str(m) for m in payload.get("refused_by", ())),
                 lease_ttl_s=float(payload.get("lease_ttl_s", 0.0)),
+                chain=_not_negative("chain", int(payload.get("chain", 0))),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise InvalidInput(f"malformed turn message: {exc}") from None
+
+
+def _not_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
+    return value
 
 
 class HandBackWhy(StrEnum):
@@ -318,13 +347,16 @@ class Feed:
 
     # --- figures -------------------------------------------------------------------------------
 
-    def record_admissions(self, entries: Sequence[dict[str, Any]]) -> None:
-        """Append admission entries (tenant, charge, whether every tenant had READY work)."""
+    def record_admissions(self, entries: Sequence[dict[str, Any]], pipe: Any = None) -> None:
+        """Append admission entries (tenant, charge, whether every tenant had READY work);
+        with ``pipe``, only queued on it."""
         if entries:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.rpush(self.admissions_key, *(json.dumps(e) for e in entries))
-            pipe.ltrim(self.admissions_key, -STATS_CAP, -1)
-            pipe.execute()
+            own = pipe is None
+            pipe = self.client.pipeline(transaction=False) if own else pipe
+            pipe.execute_command("RPUSH", self.admissions_key, *(json.dumps(e) for e in entries))
+            pipe.execute_command("LTRIM", self.admissions_key, -STATS_CAP, -1)
+            if own:
+                pipe.execute()
 
     def admissions(self) -> list[dict[str, Any]]:
         """Every recorded admission entry, oldest first."""

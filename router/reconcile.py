@@ -104,6 +104,14 @@ class Held:
         return cls(tenant, tid, int(version), int(epoch), call_id, raw)
 
 
+def _holding(member: str, payload: dict[str, Any]) -> tuple[str, str, str]:
+    """(member, field, value) of the holding of turn message ``payload`` sent to ``member``."""
+    commands = payload.get("commands") or [{}]
+    call_id = str(commands[0].get("call_id", ""))
+    field_ = f"{payload['tenant']}/{payload['trajectory_id']}"
+    return member, field_, f"{int(payload['version'])}:{int(payload['epoch'])}:{call_id}"
+
+
 class Holdings:
     """Which member holds which turn (see the module docstring)."""
 
@@ -123,11 +131,7 @@ class Holdings:
 
     def note(self, member: str, payload: dict[str, Any]) -> None:
         """Buffer the holding of the turn message ``payload`` sent to ``member``."""
-        commands = payload.get("commands") or [{}]
-        call_id = str(commands[0].get("call_id", ""))
-        field_ = f"{payload['tenant']}/{payload['trajectory_id']}"
-        value = f"{int(payload['version'])}:{int(payload['epoch'])}:{call_id}"
-        self._pending.append((member, field_, value))
+        self._pending.append(_holding(member, payload))
 
     def flush(self) -> None:
         """Write the buffered holdings (one round trip); call before the messages are sent."""
@@ -137,9 +141,7 @@ class Holdings:
 
         def write() -> None:  # idempotent: retried as a whole
             pipe = direct_batch(self.client)
-            for member, field_, value in pending:
-                pipe.execute_command("HSET", self.key(member), field_, value)
-            pipe.execute_command("SADD", self.members_key, *{m for m, _, _ in pending})
+            self._write_on(pipe, pending)
             pipe.execute()
 
         try:
@@ -147,6 +149,23 @@ class Holdings:
         except ReinsError:
             self._pending = pending + self._pending  # written before anything is sent
             raise
+
+    def hold(self, member: str, payload: dict[str, Any]) -> None:
+        """Write the holding of turn message ``payload`` for ``member`` now (a member that
+        admits a turn itself, before its admission commits: :mod:`worker.chain`)."""
+        entry = [_holding(member, payload)]
+
+        def write() -> None:  # idempotent: retried as a whole
+            pipe = direct_batch(self.client)
+            self._write_on(pipe, entry)
+            pipe.execute()
+
+        retry_transient(write, what="writing a holding", attempts=4, counted=4)
+
+    def _write_on(self, pipe: Any, pending: list[tuple[str, str, str]]) -> None:
+        for member, field_, value in pending:
+            pipe.execute_command("HSET", self.key(member), field_, value)
+        pipe.execute_command("SADD", self.members_key, *{m for m, _, _ in pending})
 
     def sending(self, inner: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
         """A sender that records each holding, then sends through ``inner`` at once."""

@@ -216,6 +216,7 @@ class RouterService:
             shared=self.shared,
             depths=depths,
             observer=self.observer,
+            chain_turns=self.settings.chain_turns,
         )
 
     def api(self) -> RouterApi:

@@ -325,12 +325,5 @@ class RouterApi:
             if self.sender is None or self.ring is None:
                 raise InvalidInput("this router API cannot send turns (no sender or ring)")
             member = self.ring().lookup(placement_key(rec.tenant, rec.trajectory_id))
-            msg = TurnMessage(
-                tenant=rec.tenant,
-                trajectory_id=rec.trajectory_id,
-                version=rec.record_version,
-                epoch=rec.control_epoch,
-                commands=tools,
-                admitted_at=now,
-            )
+            msg = TurnMessage.of(rec, tools, now)
             self.sender(member, msg.to_payload())

@@ -52,6 +52,7 @@ from store.redis_store import RedisStore, client_from_url
 from worker.agents import AgentModule
 from worker.backend import ToolBackend
 from worker.celery_app import broker_keyprefix, make_app, queue_for, take_queued_turns
+from worker.chain import TurnChain
 from worker.fleet_agents import AgentCache, BackendFactory, ModelOverrides, TurnTools
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
@@ -114,6 +115,8 @@ class FleetWorker:
         # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
         gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)
         self.leases = LeaseKeeper(gates)
+        holdings = Holdings(self.client, settings.key_prefix)
+        self._draining = threading.Event()
         self.runner = TurnRunner(
             store=self.store,
             tools=tools,
@@ -121,18 +124,34 @@ class FleetWorker:
             worker=self.name,
             inflight=self.inflight,
             listener=self.listener,
-            holdings=Holdings(self.client, settings.key_prefix),
+            holdings=holdings,
             observer=observer,
             leases=self.leases,
+            chain=self._chain(gates, holdings, observer),
         )
         self._stop = threading.Event()
-        self._draining = threading.Event()
         self._handing_back = threading.Event()  # the drain grace ran out: give turns back
         self.acked_at: float | None = None  # when this worker saw its drain acknowledged
         self.drain_figures: Counter[str] = Counter()
         self._beat: threading.Thread | None = None
         self.turn_cpu_s = 0.0  # CPU the turns themselves took in their threads (not Celery's)
         self._figures = threading.Lock()
+
+    def _chain(
+        self, gates: RedisGates, holdings: Holdings, observer: TurnObserver | None
+    ) -> TurnChain | None:
+        """Chained turns (:mod:`worker.chain`) through the shared admitter, when configured."""
+        return TurnChain.configured(
+            self.settings,
+            worker=self.name,
+            client=self.client,
+            store=self.store,
+            gates=gates,
+            holdings=holdings,
+            feed=self.feed,
+            draining=self._draining.is_set,
+            observer=observer,
+        )
 
     # --- the task ------------------------------------------------------------------------------
 
@@ -197,6 +216,14 @@ class FleetWorker:
         log.info(
             "worker %s deregistered after %d turns (%.2f ms CPU each)", self.name, turns, per_turn
         )
+        chain = self.runner.chain
+        if chain is not None:
+            log.info(
+                "worker %s admitted %d turns itself and left %d to the routers",
+                self.name,
+                chain.chained,
+                chain.passed,
+            )
 
     def _heartbeat(self) -> None:
         interval = self.settings.heartbeat_interval_s

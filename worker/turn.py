@@ -32,6 +32,10 @@ Contracts:
   or, for a turn it cannot start (a record of a schema this build does not read, or a drain
   whose grace ran out), one hand-back, which a router sends on to another member with the
   same call ids and gate lease (:class:`~router.feed.HandBack`). Nothing is changed first.
+* **Chained turns.** With a :class:`~worker.chain.TurnChain`, a turn that ends READY may be
+  followed in the same call by the trajectory's next turn, admitted here when the shared
+  admitter would pick it next (:mod:`worker.chain`); the message's one notice is then the last
+  turn's, or the READY notice of the turn the chain left to a router (its lease settled).
 * **Observed, not metered here.** An optional :class:`TurnObserver` (Prometheus metrics from
   ``ops``) is told each turn's wall time, each step committed (after its compare-and-set) and
   each compare-and-set lost; without one, nothing is reported.
@@ -85,6 +89,7 @@ from router.observe import CommitObserver, commit, provider_of
 from router.reconcile import Holdings
 from store.base import TrajectoryStore
 from worker.backend import dispatch
+from worker.chain import TurnChain
 from worker.fleet_agents import TurnTools
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
@@ -110,6 +115,17 @@ class TurnObserver(CommitObserver, Protocol):
     def on_turn(self, worker: str, seconds: float) -> None:
         """One turn took ``seconds`` of wall time on ``worker`` (however it ended)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Chained:
+    """A turn admitted on this worker (:mod:`worker.chain`): its message, the record its
+    admission committed and the admission's commands."""
+
+    msg: TurnMessage
+    rec: TrajectoryRecord
+    ctx: KernelContext
+    commands: tuple[Command, ...]
 
 
 class _Ignored(Exception):
@@ -140,10 +156,12 @@ class TurnRunner:
         holdings: Holdings | None = None,
         observer: TurnObserver | None = None,
         leases: LeaseKeeper | None = None,
+        chain: TurnChain | None = None,
     ) -> None:
         self.store, self.tools, self.feed, self.worker = store, tools, feed, worker
         self.observer = observer
         self.leases = leases  # the turn's gate lease is kept alive while it runs
+        self.chain = chain  # None: every READY turn goes back to a router
         self._providers: dict[str, str] = {}  # agent -> provider label of its model calls
         self.holdings = holdings  # released after each notice (router.reconcile)
         self.inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
@@ -157,7 +175,20 @@ class TurnRunner:
     # --- the entry point -----------------------------------------------------------------------
 
     def run(self, msg: TurnMessage, *, redelivered: bool = False) -> TurnReport:
-        """Carry one turn through (see the module docstring); never raises for bad input."""
+        """Carry one turn through (see the module docstring); never raises for bad input.
+
+        With a :class:`~worker.chain.TurnChain`, the turns it admits here follow in the same
+        call; the report is the last turn's.
+        """
+        task_began = time.monotonic()
+        report, nxt = self._turn(msg, redelivered, None, task_began)
+        while nxt is not None:
+            report, nxt = self._turn(nxt.msg, False, nxt, task_began)
+        return report
+
+    def _turn(
+        self, msg: TurnMessage, redelivered: bool, held: _Chained | None, task_began: float
+    ) -> tuple[TurnReport, _Chained | None]:
         began, started = time.perf_counter(), self.clock()
         with self._lock:
             self.active += 1
@@ -167,8 +198,9 @@ class TurnRunner:
         if self.leases is not None:
             self.leases.hold(msg.route, msg.lease, msg.lease_ttl_s)
         used = [-1]
+        nxt: _Chained | None = None
         try:
-            report = self._run(msg, redelivered, used)
+            report, nxt = self._run(msg, redelivered, used, held, task_began)
         except _Ignored as why:
             log.warning(
                 "ignored turn message for %s/%s (v%d, epoch %d) on %s: %s",
@@ -201,7 +233,7 @@ class TurnRunner:
                 self.active -= 1
             if self.observer is not None:
                 self.observer.on_turn(self.worker, time.perf_counter() - began)
-        return report
+        return report, nxt
 
     @staticmethod
     def _idle(msg: TurnMessage) -> Notice:
@@ -215,25 +247,21 @@ class TurnRunner:
 
     # --- the turn ------------------------------------------------------------------------------
 
-    def _run(self, msg: TurnMessage, redelivered: bool, used: list[int]) -> TurnReport:
-        rec = self._load(msg)
-        lost_notice = redelivered and _ended_ready(rec, msg)
-        if not lost_notice:
-            self._check_current(rec, msg)  # a stale message stops here, changing nothing
-        ctx = self._context(rec)
+    def _run(
+        self,
+        msg: TurnMessage,
+        redelivered: bool,
+        used: list[int],
+        held: _Chained | None,
+        task_began: float,
+    ) -> tuple[TurnReport, _Chained | None]:
         todo: deque[Command] = deque()
-        first = rec.record_version
-        if lost_notice:
-            # The turn ended READY but its notice may be lost: requeue it, changing nothing.
-            todo.append(Enqueue())
-            log.info("redelivered turn of %s: READY, requeued", rec.trajectory_id)
-        elif redelivered and rec.state in (S.CALLING_MODEL, S.WAITING_TOOL):
-            rec, result = self._commit(rec, Recover(now=self.clock(), worker=self.worker), ctx)
-            todo.extend(result.commands if result else ())
-            log.info("redelivered turn of %s: recovered from the record", rec.trajectory_id)
+        if held is not None:  # admitted here: the record it committed, the admission's commands
+            rec, ctx, first = held.rec, held.ctx, held.rec.record_version
+            todo.extend(held.commands)
         else:
-            self._check_in_flight(rec, msg)
-            todo.extend(msg.commands)
+            rec = self._load(msg)
+            ctx, first = self._start(rec, msg, redelivered, todo)
         ended, reason = NoticeKind.IDLE, "nothing left to do"
         while todo:
             cmd = todo.popleft()
@@ -259,13 +287,50 @@ class TurnRunner:
             if result.quarantined is not None:
                 log.info("%s: reply quarantined (%s)", rec.trajectory_id, result.quarantined.why)
             todo.extend(result.commands)
-        notice = (
-            ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
-            if ended is NoticeKind.READY
-            else Notice(ended, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id)
-        )
-        self._notify(msg, notice, used[0])
-        return TurnReport(ended, reason, rec.record_version - first, rec.record_version)
+        report = TurnReport(ended, reason, rec.record_version - first, rec.record_version)
+        if ended is not NoticeKind.READY:
+            notice = Notice(ended, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id)
+            self._notify(msg, notice, used[0])
+            return report, None
+        notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
+        chain = self.chain
+        if chain is None or not chain.may_chain(msg, task_began):
+            self._notify(msg, notice, used[0])
+            return report, None
+        self._let_go(msg)
+        try:
+            admitted = chain.admit(rec, msg, notice, ctx, used[0])
+        except Exception:  # nothing settled: the notice carries the lease to a router
+            log.exception("could not chain the next turn of %s", rec.trajectory_id)
+            self._notify(msg, notice, used[0])
+            return report, None
+        if admitted is None:
+            self._notify(replace(msg, lease=""), notice, used[0])  # the lease is settled
+            return report, None
+        result, nxt = admitted
+        return report, _Chained(nxt, result.record, ctx, tuple(result.commands))
+
+    def _start(
+        self, rec: TrajectoryRecord, msg: TurnMessage, redelivered: bool, todo: deque[Command]
+    ) -> tuple[KernelContext, int]:
+        """Check a received message against the record; queue what the turn carries out."""
+        lost_notice = redelivered and _ended_ready(rec, msg)
+        if not lost_notice:
+            self._check_current(rec, msg)  # a stale message stops here, changing nothing
+        ctx = self._context(rec)
+        first = rec.record_version
+        if lost_notice:
+            # The turn ended READY but its notice may be lost: requeue it, changing nothing.
+            todo.append(Enqueue())
+            log.info("redelivered turn of %s: READY, requeued", rec.trajectory_id)
+        elif redelivered and rec.state in (S.CALLING_MODEL, S.WAITING_TOOL):
+            rec, result = self._commit(rec, Recover(now=self.clock(), worker=self.worker), ctx)
+            todo.extend(result.commands if result else ())
+            log.info("redelivered turn of %s: recovered from the record", rec.trajectory_id)
+        else:
+            self._check_in_flight(rec, msg)
+            todo.extend(msg.commands)
+        return ctx, first
 
     def _load(self, msg: TurnMessage) -> TrajectoryRecord:
         try:

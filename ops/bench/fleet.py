@@ -14,6 +14,10 @@ Tools take no time (reads from an in-memory store); the model is scripted. In on
 * ``p99_admission_to_start_ms``: from the router's admission to the worker starting the turn,
   in the latency phase (``..._saturated`` for the zero-latency phase, where turns queue).
 
+``chained_share`` (``..._latency``): the share of the zero-latency (latency) phase's admissions
+that workers made themselves, chaining a trajectory's next turn (:mod:`worker.chain`): with no
+provider gate in this bench, nearly all but each trajectory's first.
+
 Beside the rates, the CPU milliseconds each costs: per step for the routers, the workers and
 the Redis server, per no-op for the workers and the Redis server. On a small machine the
 zero-latency phase keeps every core busy, so ``cpu_ratio`` follows the ratio of those costs.
@@ -59,6 +63,7 @@ ORDERS = {
     for n in range(100, 140)
 }
 ROUNDS = 3  # noop and zero-latency phases, alternating
+WORKERS = ("w1", "w2")
 BUDGET = Budget(
     max_steps=40,
     max_tool_calls=40,
@@ -123,11 +128,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         }
         fleet = LocalFleet(env, Path(tmp), store_client)
         try:
-            for w in ("w1", "w2"):
+            for w in WORKERS:
                 fleet.start("worker", w, "--log-level", "WARNING")
             for r in ("r1", "r2"):
                 fleet.start("router", r, "--log-level", "WARNING")
-            fleet.wait_ready(["w1", "w2"], ["r1", "r2"])
+            fleet.wait_ready(list(WORKERS), ["r1", "r2"])
             settings = base.model_copy(update={"key_prefix": prefix, "tenants_file": str(tenants)})
             return _phases(settings, store_client, broker_client, fleet, quick)
         finally:
@@ -194,6 +199,8 @@ def _phases(
         "p99_admission_to_start_ms_saturated": round(
             statistics.median(f["p99_start_ms"] for f in fasts), 2
         ),
+        "chained_share": round(statistics.median(f["chained"] for f in fasts), 3),
+        "chained_share_latency": round(slow["chained"], 3),
         "unfinished": sum(f["unfinished"] for f in fasts) + slow["unfinished"],
         "worker_cpu_ms_per_noop": round(noop_cpu * 1000 / (noops * rounds), 3),
         "redis_cpu_ms_per_noop": round(noop_redis_cpu * 1000 / (noops * rounds), 3),
@@ -218,7 +225,7 @@ class _Cpu:
     def _read(self) -> tuple[float, float, float]:
         return (
             self.fleet.cpu_s("r1", "r2"),
-            self.fleet.cpu_s("w1", "w2"),
+            self.fleet.cpu_s(*WORKERS),
             process_cpu_s(self.redis_pid) if self.redis_pid else 0.0,
         )
 
@@ -232,7 +239,7 @@ class _Cpu:
 def _noops(settings: Settings, broker: redis.Redis, count: int) -> float:
     app = make_app(settings)
     kp = broker_keyprefix(settings)
-    keys = [kp + queue_for("w1"), kp + queue_for("w2")]
+    keys = [kp + queue_for(w) for w in WORKERS]
 
     def empty() -> bool:
         pipe = broker.pipeline(transaction=False)
@@ -276,13 +283,15 @@ def _phase(
     end = time.time()
     time.sleep(1.2)  # two worker heartbeats: the last admission-to-start delays are reported
     records = [store.load(t, i) for t, i in ids]
-    at = sorted(a["at"] for a in feed.admissions()[admitted_before:])
+    admissions = feed.admissions()[admitted_before:]
+    at = sorted(a["at"] for a in admissions)
     lo, hi = at[len(at) // 10], at[(len(at) * 9) // 10]
     delays = sorted(feed.starts()[starts_before:])
     return {
         "steps": sum(r.turn for r in records),
         "rate": (len(at) * 0.8) / max(hi - lo, 1e-9),
         "overall": sum(r.turn for r in records) / max(end - begin, 1e-9),
+        "chained": sum(1 for a in admissions if a["r"] in WORKERS) / max(len(admissions), 1),
         "p99_start_ms": _quantile(delays, 0.99),
         "p50_start_ms": _quantile(delays, 0.50),
         "unfinished": sum(

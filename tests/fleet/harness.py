@@ -18,12 +18,16 @@ from examples.support_store.state import RedisState
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from router.feed import TurnMessage
+from router.gates import GateConfig
 from router.membership import Membership
 from router.observe import RouterObserver
+from router.reconcile import Holdings
+from router.redis_gates import RedisGates
 from router.service import AdmitterKind, RouterOptions, RouterService
 from tests.conftest import REDIS_URL
 from worker.agents import AgentModule
 from worker.backend import ToolBackend
+from worker.chain import TurnChain
 from worker.fleet_agents import AgentCache, ModelOverrides, TurnTools
 from worker.turn import TurnObserver, TurnReport, TurnRunner
 
@@ -86,15 +90,17 @@ class InProcessFleet:
         admitter: str = "redis",
         gates_file: str = "",
         observer: _Observer | None = None,
+        chain_turns: int | None = None,
     ) -> None:
         self.client, self.prefix = client, prefix
-        self.settings = Settings.from_env(
-            {
-                "REINS_KEY_PREFIX": prefix,
-                "REINS_REDIS_URL": REDIS_URL,
-                "REINS_TENANTS_FILE": str(tenants_file),
-            }
-        )
+        env = {
+            "REINS_KEY_PREFIX": prefix,
+            "REINS_REDIS_URL": REDIS_URL,
+            "REINS_TENANTS_FILE": str(tenants_file),
+        }
+        if chain_turns is not None:
+            env["REINS_CHAIN_TURNS"] = str(chain_turns)
+        self.settings = Settings.from_env(env)
         self.sent: list[tuple[str, dict[str, Any]]] = []
         options = RouterOptions(
             name="r1",
@@ -117,8 +123,30 @@ class InProcessFleet:
         self.state = RedisState(client, prefix, seed=False)
         self.backend = SupportStoreBackend(self.state)
         tools = TurnTools(AgentCache(), {}, ModelOverrides(scripted_latency_s=0.0), self._backend)
+        self.draining = False
+        self.holdings = Holdings(client, prefix)
+        self.chain = None
+        if chain_turns is not None:  # the worker chains turns (worker.chain), as in a fleet
+            self.chain = TurnChain.configured(
+                self.settings,
+                worker="w1",
+                client=client,
+                store=self.store,
+                gates=RedisGates(client, GateConfig(routes={}), prefix=prefix),
+                holdings=self.holdings,
+                feed=self.feed,
+                draining=lambda: self.draining,
+                observer=observer,
+            )
+            assert self.chain is not None
         self.runner = TurnRunner(
-            store=self.store, tools=tools, feed=self.feed, worker="w1", observer=observer
+            store=self.store,
+            tools=tools,
+            feed=self.feed,
+            worker="w1",
+            observer=observer,
+            holdings=self.holdings if self.chain is not None else None,
+            chain=self.chain,
         )
         self.reports: list[TurnReport] = []
 

@@ -1,0 +1,157 @@
+"""Chained turns on the real Redis: the worker that ended a turn READY admits the next one
+itself when the shared admitter would pick it next (worker.chain).
+
+In one process, without Celery: the router's sender collects turn messages and the test hands
+them to the turn runner, whose chain admits the following turns in the same call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from examples.support_store.state import RedisState
+from kernel.states import LifecycleState, StopReason
+from router.gates import GateConfig
+from router.redis_gates import RedisGates
+from tests.fleet.conftest import ROUTE
+from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
+from tests.fleet.processes import effects_by_order, order_of
+from worker import chain as chain_module
+
+pytestmark = pytest.mark.redis
+
+
+def admitted_by(fleet: InProcessFleet) -> Counter[str]:
+    """Who admitted how many turns (the router's entries are written at its next tick)."""
+    fleet.service.dispatcher.flush()
+    return Counter(a["r"] for a in fleet.feed.admissions())
+
+
+def test_an_uncontended_trajectory_runs_every_turn_from_one_message(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
+) -> None:
+    fleet = InProcessFleet(
+        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), chain_turns=16
+    )
+    oid = seed_orders(redis_client, key_prefix, 2100, 1)[0]
+    tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
+    messages = fleet.run_until_quiet()
+    rec = fleet.load("acme", tid)
+    assert rec.stop_reason is StopReason.DONE and rec.turn >= 3
+    assert messages == 1, "one Celery message; the worker admitted the other turns"
+    assert admitted_by(fleet) == Counter(r1=1, w1=rec.turn - 1)
+    effects = effects_by_order(RedisState(redis_client, key_prefix, seed=False).effects())
+    assert effects[order_of(rec)] == Counter(refund=1, email=1)
+    admitter: Any = fleet.service.dispatcher.admitter
+    assert sum(n for n, _ in admitter.admitted()) == rec.turn, "every admission in the books"
+    assert fleet.holdings.held("w1") == [], "the last turn's holding was released"
+    gates = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
+    reading = gates.reading(ROUTE)
+    assert reading.leases == 0, "every turn's gate lease was settled"
+    assert reading.requests == rec.turn, "one debit per model call"
+
+
+def test_a_message_chains_at_most_its_allowance(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path
+) -> None:
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=1)
+    oid = seed_orders(redis_client, key_prefix, 2200, 1)[0]
+    tid = fleet.api.submit("globex", refund_job(oid)).trajectory_id
+    messages = fleet.run_until_quiet()
+    rec = fleet.load("globex", tid)
+    assert rec.stop_reason is StopReason.DONE
+    assert messages == math.ceil(rec.turn / 2), (messages, rec.turn)
+    assert admitted_by(fleet) == Counter(r1=messages, w1=rec.turn - messages)
+
+
+def test_routers_with_a_local_admitter_let_no_worker_chain(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path
+) -> None:
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, admitter="fifo", chain_turns=16)
+    oid = seed_orders(redis_client, key_prefix, 2300, 1)[0]
+    tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
+    fleet.cycle()
+    (msg,) = fleet.take()
+    assert msg.chain == 0, "only the shared admitter's order may be kept by a worker"
+    fleet.runner.run(msg)
+    messages = fleet.run_until_quiet()
+    rec = fleet.load("acme", tid)
+    assert rec.stop_reason is StopReason.DONE and messages + 1 == rec.turn
+
+
+def test_a_draining_worker_chains_nothing(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path
+) -> None:
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
+    fleet.draining = True
+    oid = seed_orders(redis_client, key_prefix, 2400, 1)[0]
+    tid = fleet.api.submit("initech", refund_job(oid)).trajectory_id
+    messages = fleet.run_until_quiet()
+    assert messages == fleet.load("initech", tid).turn
+    assert fleet.chain is not None and fleet.chain.chained == 0
+
+
+def test_a_pause_that_lands_before_the_chained_admission_wins(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path
+) -> None:
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
+    chain = fleet.chain
+    assert chain is not None
+    oid = seed_orders(redis_client, key_prefix, 2500, 1)[0]
+    tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
+    admit = chain.admit
+    paused: list[int] = []
+
+    def pause_first(*args: Any) -> Any:  # an operator's pause lands between the two commits
+        if not paused:
+            fleet.api.control("acme", tid, "pause", "ops")
+            paused.append(fleet.load("acme", tid).turn)
+        return admit(*args)
+
+    chain.admit = pause_first  # type: ignore[method-assign]
+    fleet.cycle()
+    (msg,) = fleet.take()
+    report = fleet.runner.run(msg)
+    assert report.outcome.value == "ready", "the turn ended READY; the next was not admitted"
+    fleet.run_until_quiet()
+    rec = fleet.load("acme", tid)
+    assert rec.state is LifecycleState.PAUSED
+    assert rec.turn == paused[0] == 1, "no model call after the pause"
+    assert chain.chained == 0 and chain.passed == 1
+    assert admitted_by(fleet) == Counter(r1=1)
+    assert fleet.holdings.held("w1") == [], "the holding written for the lost admission went"
+    admitter: Any = fleet.service.dispatcher.admitter
+    assert not admitter.is_queued(tid), "the declined call was taken and withdrawn by a router"
+
+
+def test_a_chained_turn_is_held_before_its_admission_commits(
+    redis_client: redis.Redis,
+    key_prefix: str,
+    tenants_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
+    oid = seed_orders(redis_client, key_prefix, 2600, 1)[0]
+    tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
+    seen: list[tuple[int, int, str]] = []
+    real_commit = chain_module.commit
+
+    def commit(store: Any, rec: Any, result: Any, *rest: Any) -> None:
+        if result.record.state is LifecycleState.CALLING_MODEL:  # an admission
+            (held,) = fleet.holdings.held("w1")
+            seen.append((held.version, result.record.record_version, held.call_id))
+            assert held.call_id == f"{tid}/m{result.record.turn}"
+        real_commit(store, rec, result, *rest)
+
+    monkeypatch.setattr(chain_module, "commit", commit)
+    fleet.run_until_quiet()
+    rec = fleet.load("acme", tid)
+    assert rec.stop_reason is StopReason.DONE
+    assert len(seen) == rec.turn - 1, "every chained admission"
+    assert all(held == admitted for held, admitted, _ in seen), seen

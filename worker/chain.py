@@ -1,0 +1,258 @@
+"""Chained turns: the worker that ended a turn READY admits the trajectory's next turn itself,
+when the shared admitter would pick that very call next.
+
+Without it every turn makes a round through a router: the worker's READY notice, the router's
+requeue, its claim, a second load and parse of the record, the admission's compare-and-set, a
+Celery message back to the same worker (the ring places the trajectory there), and that
+worker's load of the record once more. When nobody is waiting, that round changes nothing a
+router would decide differently, and it was most of a turn's cost. So a worker holding a
+trajectory that just ended READY, in one go with its record still in hand:
+
+1. settles the ended turn's gate lease with the usage it saw (the notice would have carried it);
+2. queues the call back and claims it, in the shared admitter, **only if weighted deficit
+   round-robin picks it next** (:meth:`RedisAdmitter.claim_returning`: the same scripts, the
+   same gate debit and credit deduction as a router's claim); if another call comes first, or
+   its gate refuses, the call stays queued and the READY notice wakes a router, as before;
+3. steps the kernel's ``Admit`` on the record it holds, writes its holding of the new version
+   (as a router does before it sends: the reconciler recovers the turn if this worker dies
+   from here on) and commits the admission by compare-and-set (register before send); a lost
+   race or an admission the kernel refuses releases that holding and declines the claim (the
+   call is READY at its queue head with its credit), and a router takes it from there;
+4. commits the claim and records the admission for the figures (one round trip), and runs the
+   turn in the same task thread, with the record it committed (no load, no parse, no message).
+
+What stays true: fairness (the admitter decides every admission, in the same order a router
+would; under a backlog chaining simply stops happening), pauses (the admission and every
+later step are compare-and-sets; a control request that landed first wins), budgets (the
+kernel's ``Admit`` checks them as a router's would) and recovery (holdings; the original
+Celery message, if redelivered, is stale and ignored). Chaining is bounded: only messages a
+router sent through the shared admitter carry a ``chain`` allowance (``REINS_CHAIN_TURNS``),
+each chained turn uses one, a draining worker chains nothing, and a task stops chaining after
+half the visibility timeout so its message is acknowledged in time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from kernel.errors import ConcurrentModification, ReinsError
+from kernel.events import Admit
+from kernel.record import TrajectoryRecord
+from kernel.settings import Settings
+from kernel.step import KernelContext, StepResult, step
+from router.claims import Claim
+from router.feed import Feed, Notice, TurnMessage, worker_commands
+from router.observe import CommitObserver, commit
+from router.reconcile import Holdings
+from router.redis_admitter import RedisAdmitter
+from router.redis_gates import RedisGates
+from router.tenants import AdmissionConfig
+from store.base import TrajectoryStore
+from store.redis_store import direct_batch
+
+log = logging.getLogger("reins.worker.chain")
+REDEBIT_WAIT_S = (0.05, 1.0)  # first and longest wait between debits of a lapsed claim
+
+
+class TurnChain:
+    """Admits a worker's next turn of a trajectory; one per worker, used from many threads.
+
+    Each call is independent: the admitter and gates objects send scripts over a connection
+    pool; the admitter's own fairness book (its figures of this process's commits) and the
+    counters here are updated under a lock.
+    """
+
+    def __init__(
+        self,
+        *,
+        worker: str,
+        client: redis.Redis,
+        store: TrajectoryStore,
+        admitter: RedisAdmitter,
+        gates: RedisGates,
+        holdings: Holdings,
+        feed: Feed,
+        max_task_s: float,
+        draining: Callable[[], bool],
+        clock: Callable[[], float] = time.time,
+        observer: CommitObserver | None = None,
+    ) -> None:
+        self.worker, self.store, self.admitter, self.gates = worker, store, admitter, gates
+        self.client = client
+        self.holdings, self.feed, self.max_task_s = holdings, feed, max_task_s
+        self.draining, self.clock, self.observer = draining, clock, observer
+        self.chained = 0  # turns admitted here since start
+        self.passed = 0  # READY turns left to a router
+        self._lock = threading.Lock()
+
+    @classmethod
+    def configured(
+        cls,
+        settings: Settings,
+        *,
+        worker: str,
+        client: redis.Redis,
+        store: TrajectoryStore,
+        gates: RedisGates,
+        holdings: Holdings,
+        feed: Feed,
+        draining: Callable[[], bool],
+        observer: CommitObserver | None = None,
+    ) -> TurnChain | None:
+        """The chain of a worker with ``settings``: None when ``REINS_CHAIN_TURNS`` is 0, no
+        tenant file is named, or the shared admitter holds another configuration (logged)."""
+        if settings.chain_turns <= 0 or not settings.tenants_file:
+            return None
+        try:
+            config = AdmissionConfig.from_file(settings.tenants_file)
+            admitter = RedisAdmitter(client, config, prefix=settings.key_prefix, gates=gates)
+        except ReinsError as exc:
+            log.warning("%s chains no turns: %s", worker, exc)
+            return None
+        return cls(
+            worker=worker,
+            client=client,
+            store=store,
+            admitter=admitter,
+            gates=gates,
+            holdings=holdings,
+            feed=feed,
+            max_task_s=settings.visibility_timeout_s / 2,
+            draining=draining,
+            observer=observer,
+        )
+
+    def may_chain(self, msg: TurnMessage, task_began: float) -> bool:
+        """True when this turn's successor may be admitted here (allowance, drain, time)."""
+        return (
+            msg.chain > 0
+            and not self.draining()
+            and time.monotonic() - task_began < self.max_task_s
+        )
+
+    def admit(
+        self,
+        rec: TrajectoryRecord,
+        msg: TurnMessage,
+        ready: Notice,
+        ctx: KernelContext,
+        used_tokens: int,
+    ) -> tuple[StepResult, TurnMessage] | None:
+        """Settle the ended turn's lease and admit ``rec``'s next turn here: the admission's
+        result and the turn's message, or None (the call is left to a router; the caller
+        pushes ``ready``, the READY notice, without the lease). Raises what the store raises
+        when the settlement and claim cannot be sent (the caller's notice carries the lease).
+
+        The result's commands may end the run or hold it (the kernel decided that at
+        admission); the caller carries them out as a turn's own.
+        """
+        entry = (
+            rec.tenant,
+            rec.trajectory_id,
+            max(ready.input_tokens, 0),
+            max(ready.output_allowance, 1),
+            None,
+            msg.route or None,
+        )
+        settle = (msg.route, msg.lease, used_tokens) if msg.lease and msg.route else ("", "", -1)
+        _, claim = self.admitter.claim_returning(entry, settle=settle)
+        if claim is None:
+            self._count(passed=1)
+            return None
+        now = self.clock()
+        result = step(rec, Admit(now=now), ctx)
+        commands = worker_commands(result.commands)
+        nxt = self._message(result.record, msg, claim.claim_id if commands else "", commands, now)
+        why = f"the kernel did not admit it ({result.note})" if result.record is rec else ""
+        held = False
+        if not why:
+            try:
+                if commands:  # held before it commits, so the reconciler finds it if we die
+                    self.holdings.hold(self.worker, nxt.to_payload())
+                    held = True
+                commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
+            except (ConcurrentModification, ReinsError) as exc:
+                why = str(exc)
+        if why:  # a router takes it from its queue head and decides afresh
+            log.info("declined chaining %s: %s", rec.trajectory_id, why)
+            if held:
+                self.holdings.release(self.worker, rec.tenant, rec.trajectory_id, nxt.version)
+            self._decline(claim)
+            self._count(passed=1)
+            return None
+        if not commands:  # the kernel ended the run or held it at admission: no turn to run
+            self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
+            return result, nxt
+        pipe = direct_batch(self.client)  # the claim's commit and the figures: one round trip
+        committed = self.admitter.commit_on(pipe, claim)
+        self.feed.record_admissions([self._entry(claim, now)], pipe=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[1:]:
+            if isinstance(reply, Exception):
+                raise reply
+        with self._lock:
+            wait = committed(replies[0])
+        if wait is None:  # reaped meanwhile (past its deadline): debit again before sending
+            self._debit_again(claim)
+            wait = 0.0
+        on_admission = getattr(self.observer, "on_admission", None)
+        if on_admission is not None:
+            on_admission(claim.call, wait)
+        self._count(chained=1)
+        return result, nxt
+
+    def _message(
+        self,
+        rec: TrajectoryRecord,
+        msg: TurnMessage,
+        lease: str,
+        commands: tuple[Any, ...],
+        now: float,
+    ) -> TurnMessage:
+        return TurnMessage.of(
+            rec,
+            commands,
+            now,
+            sent_by=self.worker,
+            lease=lease,
+            route=msg.route,
+            lease_ttl_s=msg.lease_ttl_s,
+            chain=msg.chain - 1,
+        )
+
+    def _count(self, *, chained: int = 0, passed: int = 0) -> None:
+        with self._lock:
+            self.chained += chained
+            self.passed += passed
+
+    def _decline(self, claim: Claim) -> None:
+        try:
+            self.admitter.decline(claim)
+        except ReinsError as exc:  # reaped meanwhile: the reconciler requeued it already
+            log.warning("could not decline claim %s: %s", claim.claim_id, exc)
+
+    def _debit_again(self, claim: Claim) -> None:
+        """A lapsed claim's debit was released: no request leaves without one standing."""
+        call, wait = claim.call, REDEBIT_WAIT_S[0]
+        while call.route and not self.gates.debit(call.route, claim.claim_id, call.charge).ok:
+            time.sleep(wait)  # the gate's window refills; the dispatcher waits likewise
+            wait = min(wait * 2, REDEBIT_WAIT_S[1])
+
+    def _entry(self, claim: Claim, now: float) -> dict[str, Any]:
+        """The admission's entry in the figures, as a router's dispatcher writes it."""
+        depths = list(claim.depths)
+        if depths:
+            depths[claim.lane] += 1  # the claimed call was READY in its queue until now
+        return {
+            "t": claim.call.tenant,
+            "c": claim.call.charge,
+            "b": bool(depths) and all(d > 0 for d in depths),
+            "r": self.worker,
+            "at": now,
+        }
