@@ -99,10 +99,18 @@ def retry_transient(fn: Callable[[], _T], *, what: str, attempts: int, counted: 
     """Run ``fn``, retrying transient Redis errors up to ``attempts`` times with jittered
     backoff; then raise :class:`StoreUnavailable` (saying ``counted`` attempts were made), and
     turn any other Redis error into :class:`StoreError`. Callers retry only what is safe to
-    repeat (reads, and scripts that recognise their own repeat)."""
+    repeat (reads, and scripts that recognise their own repeat).
+
+    The first attempt runs bare: building the retry machinery costs more than a round trip,
+    and only a failure needs it."""
     try:
+        try:
+            return fn()
+        except TRANSIENT:
+            if attempts <= 1:
+                raise
         retrying = Retrying(
-            stop=stop_after_attempt(attempts),
+            stop=stop_after_attempt(attempts - 1),
             wait=wait_exponential_jitter(multiplier=0.005, max=0.5, jitter=0.005),
             retry=retry_if_exception_type(TRANSIENT),
             reraise=True,
