@@ -12,7 +12,7 @@ only once its compare-and-set succeeded, so a lost race counts as a conflict, no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from kernel.errors import ConcurrentModification
@@ -89,12 +89,17 @@ def commit(
     result: StepResult,
     observer: CommitObserver | None,
     provider: str = NO_PROVIDER,
+    cas: Callable[[], object] | None = None,
 ) -> None:
     """Compare-and-set ``result`` over ``rec`` and report it to ``observer`` (``provider``
     made its model calls); raises :class:`ConcurrentModification` (reported as a conflict)
-    when another writer won. Every process that commits a step commits it here."""
+    when another writer won. Every process that commits a step commits it here; ``cas``
+    replaces the store's plain compare-and-set with one of its variants."""
     try:
-        store.compare_and_set(result.record, rec.record_version, result.rows)
+        if cas is None:
+            store.compare_and_set(result.record, rec.record_version, result.rows)
+        else:
+            cas()
     except ConcurrentModification:
         if observer is not None:
             observer.on_store_conflict()

@@ -150,22 +150,22 @@ class Holdings:
             self._pending = pending + self._pending  # written before anything is sent
             raise
 
-    def hold(self, member: str, payload: dict[str, Any]) -> None:
-        """Write the holding of turn message ``payload`` for ``member`` now (a member that
-        admits a turn itself, before its admission commits: :mod:`worker.chain`)."""
-        entry = [_holding(member, payload)]
-
-        def write() -> None:  # idempotent: retried as a whole
-            pipe = direct_batch(self.client)
-            self._write_on(pipe, entry)
-            pipe.execute()
-
-        retry_transient(write, what="writing a holding", attempts=4, counted=4)
+    def commands(self, member: str, payload: dict[str, Any]) -> list[tuple[str, ...]]:
+        """The commands that write the holding of turn message ``payload`` for ``member``, for
+        a member that admits a turn itself to send before its admission commits
+        (:mod:`worker.chain`); idempotent, as a resend after a lost reply needs."""
+        return self._commands([_holding(member, payload)])
 
     def _write_on(self, pipe: Any, pending: list[tuple[str, str, str]]) -> None:
-        for member, field_, value in pending:
-            pipe.execute_command("HSET", self.key(member), field_, value)
-        pipe.execute_command("SADD", self.members_key, *{m for m, _, _ in pending})
+        for command in self._commands(pending):
+            pipe.execute_command(*command)
+
+    def _commands(self, pending: list[tuple[str, str, str]]) -> list[tuple[str, ...]]:
+        out: list[tuple[str, ...]] = [
+            ("HSET", self.key(member), field_, value) for member, field_, value in pending
+        ]
+        out.append(("SADD", self.members_key, *sorted({m for m, _, _ in pending})))
+        return out
 
     def sending(self, inner: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
         """A sender that records each holding, then sends through ``inner`` at once."""

@@ -57,7 +57,7 @@ import re
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, unquote
 
 import redis
@@ -318,8 +318,13 @@ class RedisStore(TrajectoryStore):
 
     # --- snapshots -------------------------------------------------------------------------
 
-    def apply(self, commit: Commit) -> int:
-        """One EVALSHA of cas.lua; a lost reply is resolved by commit id (module docstring)."""
+    def apply(self, commit: Commit, before: Sequence[tuple[Any, ...]] = ()) -> int:
+        """One EVALSHA of cas.lua; a lost reply is resolved by commit id (module docstring).
+
+        ``before``: commands the server runs first, in the same round trip (idempotent ones:
+        they are sent again with a commit that must be sent again). A worker that admits a
+        turn itself writes its holding this way (:mod:`worker.chain`): it is in place before
+        the admission is, and costs no round trip of its own."""
         snap_key, chain_key, index_key = _commit_keys(
             self.prefix, commit.tenant, commit.trajectory_id
         )
@@ -336,14 +341,14 @@ class RedisStore(TrajectoryStore):
         if commit.rows:
             call = (*call, commit.first_row, *commit.rows)
         try:
-            reply = self._run_cas(call)
+            reply = self._run_cas(call, before)
         except TRANSIENT:
             what = (
                 f"trajectory {commit.trajectory_id}: commit {commit.commit_id} "
                 f"(version {commit.version}) has an unknown outcome"
             )
             reply = self._retrying(
-                what, lambda: self._read_back(commit, snap_key, call), first_failed=True
+                what, lambda: self._read_back(commit, snap_key, call, before), first_failed=True
             )
         except RedisError as exc:
             raise StoreError(f"committing trajectory {commit.trajectory_id}: {exc}") from exc
@@ -351,8 +356,27 @@ class RedisStore(TrajectoryStore):
             return commit.version
         return settle(commit, Outcome(reply[0]), reply[1])
 
-    def _run_cas(self, call: Sequence[bytes | str | int]) -> list[int]:
-        """EVALSHA cas.lua with 3 keys, loading the script once more if the server lost it."""
+    def _run_cas(
+        self, call: Sequence[bytes | str | int], before: Sequence[tuple[Any, ...]] = ()
+    ) -> list[int]:
+        """EVALSHA cas.lua with 3 keys (after ``before``, in one round trip), loading the
+        script once more if the server lost it."""
+        if before:
+            batch = direct_batch(self._client)
+            for command in before:
+                batch.execute_command(*command)
+            batch.execute_command("EVALSHA", self._cas_sha, 3, *call)
+            replies = batch.execute(raise_on_error=False)
+            for reply_ in replies[:-1]:
+                if isinstance(reply_, Exception):
+                    raise reply_
+            last = replies[-1]
+            if not isinstance(last, NoScriptError):
+                if isinstance(last, Exception):
+                    raise last
+                return cast(list[int], last)
+            self._client.script_load(self._cas_source)  # ``before`` ran already
+            return cast(list[int], self._execute("EVALSHA", self._cas_sha, 3, *call))
         try:
             reply: list[int] = self._execute("EVALSHA", self._cas_sha, 3, *call)
         except NoScriptError:
@@ -361,7 +385,11 @@ class RedisStore(TrajectoryStore):
         return reply
 
     def _read_back(
-        self, commit: Commit, snap_key: str, call: Sequence[bytes | str | int]
+        self,
+        commit: Commit,
+        snap_key: str,
+        call: Sequence[bytes | str | int],
+        before: Sequence[tuple[Any, ...]] = (),
     ) -> list[int]:
         """After a lost reply: find out whether the commit landed, and finish it if not."""
         stored_id, current = self._client.hmget(snap_key, [f"c{commit.version}", "v"])
@@ -372,7 +400,7 @@ class RedisStore(TrajectoryStore):
             return [Outcome.CONFLICT, current_version]
         # Not applied (or still in flight on the dead connection): the script's own commit-id
         # check makes sending it again safe whichever of the two arrives first.
-        return self._run_cas(call)
+        return self._run_cas(call, before)
 
     def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord:
         """The stored snapshot, validated; see :meth:`SnapshotStore.load`."""

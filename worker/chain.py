@@ -53,8 +53,8 @@ from router.reconcile import Holdings
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
-from store.base import TrajectoryStore
-from store.redis_store import direct_batch
+from store.base import prepare_commit
+from store.redis_store import RedisStore, direct_batch
 
 log = logging.getLogger("reins.worker.chain")
 REDEBIT_WAIT_S = (0.05, 1.0)  # first and longest wait between debits of a lapsed claim
@@ -73,7 +73,7 @@ class TurnChain:
         *,
         worker: str,
         client: redis.Redis,
-        store: TrajectoryStore,
+        store: RedisStore,
         admitter: RedisAdmitter,
         gates: RedisGates,
         holdings: Holdings,
@@ -98,7 +98,7 @@ class TurnChain:
         *,
         worker: str,
         client: redis.Redis,
-        store: TrajectoryStore,
+        store: RedisStore,
         gates: RedisGates,
         holdings: Holdings,
         feed: Feed,
@@ -170,18 +170,25 @@ class TurnChain:
         commands = worker_commands(result.commands)
         nxt = self._message(result.record, msg, claim.claim_id if commands else "", commands, now)
         why = f"the kernel did not admit it ({result.note})" if result.record is rec else ""
-        held = False
+        # Held before it commits, in the same round trip, so the reconciler finds the turn if
+        # this worker dies from then on.
+        holding = self.holdings.commands(self.worker, nxt.to_payload()) if commands else []
         if not why:
+            prepared = prepare_commit(result.record, rec.record_version, result.rows)
             try:
-                if commands:  # held before it commits, so the reconciler finds it if we die
-                    self.holdings.hold(self.worker, nxt.to_payload())
-                    held = True
-                commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
+                commit(
+                    self.store,
+                    rec,
+                    result,
+                    self.observer,
+                    ctx.agent.model.provider,
+                    cas=lambda: self.store.apply(prepared, before=holding),
+                )
             except (ConcurrentModification, ReinsError) as exc:
                 why = str(exc)
         if why:  # a router takes it from its queue head and decides afresh
             log.info("declined chaining %s: %s", rec.trajectory_id, why)
-            if held:
+            if holding and result.record is not rec:
                 self.holdings.release(self.worker, rec.tenant, rec.trajectory_id, nxt.version)
             self._decline(claim)
             self._count(passed=1)

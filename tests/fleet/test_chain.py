@@ -130,24 +130,26 @@ def test_a_pause_that_lands_before_the_chained_admission_wins(
     assert not admitter.is_queued(tid), "the declined call was taken and withdrawn by a router"
 
 
-def test_a_chained_turn_is_held_before_its_admission_commits(
+def test_a_chained_turn_is_held_with_its_admission(
     redis_client: redis.Redis,
     key_prefix: str,
     tenants_file: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The holding goes in the admission's round trip, ahead of its compare-and-set (the
+    store's ``before``), so the reconciler finds every turn a dead worker admitted."""
     fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
     oid = seed_orders(redis_client, key_prefix, 2600, 1)[0]
     tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
     seen: list[tuple[int, int, str]] = []
     real_commit = chain_module.commit
 
-    def commit(store: Any, rec: Any, result: Any, *rest: Any) -> None:
+    def commit(store: Any, rec: Any, result: Any, *rest: Any, **kw: Any) -> None:
+        real_commit(store, rec, result, *rest, **kw)
         if result.record.state is LifecycleState.CALLING_MODEL:  # an admission
             (held,) = fleet.holdings.held("w1")
             seen.append((held.version, result.record.record_version, held.call_id))
             assert held.call_id == f"{tid}/m{result.record.turn}"
-        real_commit(store, rec, result, *rest)
 
     monkeypatch.setattr(chain_module, "commit", commit)
     fleet.run_until_quiet()

@@ -30,6 +30,7 @@ from redis.retry import Retry
 
 from kernel.errors import ConcurrentModification, ReinsError, StoreUnavailable
 from kernel.states import LifecycleState
+from store.base import prepare_commit
 from store.redis_store import (
     DirectBatch,
     RedisStore,
@@ -122,6 +123,25 @@ def test_a_reply_lost_after_the_script_ran_is_resolved_by_commit_id(
     assert len(store.read("acme", "t1")) == 1
     assert store.committed("acme", "t1", 2) == "cid-2"
     assert store.list("acme", LifecycleState.CALLING_MODEL) == ["t1"]
+
+
+def test_commands_before_a_commit_run_first_in_its_round_trip(
+    stores: tuple[RedisStore, RedisStore], redis_client: redis.Redis, key_prefix: str
+) -> None:
+    store, other = stores
+    rec = make_record()
+    store.create(rec)
+    mark = f"{key_prefix}:mark"
+    v2 = next_version(rec, LifecycleState.CALLING_MODEL)
+    commit = prepare_commit(v2, 1, [row_for(v2, 0)], "cid-b")
+    assert store.apply(commit, before=[("RPUSH", mark, "held")]) == 2
+    assert other.load("acme", "t1") == v2 and redis_client.lrange(mark, 0, -1) == [b"held"]
+    # Ahead of the script: a command that moves the stored version makes the commit lose.
+    snap_key = store.trajectory_keys("acme", "t1")[0]
+    v3 = next_version(v2, LifecycleState.WAITING_TOOL)
+    with pytest.raises(ConcurrentModification) as lost:
+        store.apply(prepare_commit(v3, 2, [], "cid-c"), before=[("HSET", snap_key, "v", "7")])
+    assert lost.value.current_version == 7, "the command ran first"
 
 
 def test_a_lost_reply_is_no_conflict_even_when_another_writer_moved_on(
