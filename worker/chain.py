@@ -195,6 +195,7 @@ class TurnChain:
             return None
         if not commands:  # the kernel ended the run or held it at admission: no turn to run
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
+            self.holdings.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
         pipe = direct_batch(self.client)  # the claim's commit and the figures: one round trip
         committed = self.admitter.commit_on(pipe, claim)

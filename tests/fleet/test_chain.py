@@ -157,3 +157,21 @@ def test_a_chained_turn_is_held_with_its_admission(
     assert rec.stop_reason is StopReason.DONE
     assert len(seen) == rec.turn - 1, "every chained admission"
     assert all(held == admitted for held, admitted, _ in seen), seen
+
+
+def test_a_run_that_cannot_continue_ends_at_its_chained_admission(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path
+) -> None:
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
+    oid = seed_orders(redis_client, key_prefix, 2700, 1)[0]
+    job = {**refund_job(oid), "budget": {"max_steps": 2}}
+    tid = fleet.api.submit("acme", job).trajectory_id
+    messages = fleet.run_until_quiet()
+    rec = fleet.load("acme", tid)
+    assert rec.state is LifecycleState.FAILED and rec.stop_reason is StopReason.MAX_STEPS
+    assert rec.turn == 2 and messages == 1, "the second turn chained; the third never began"
+    assert fleet.chain is not None and fleet.chain.chained == 1
+    admitter: Any = fleet.service.dispatcher.admitter
+    assert not admitter.is_queued(tid), "the claim was withdrawn with its debit"
+    assert fleet.holdings.held("w1") == [], "no holding outlives the run"
+    assert admitted_by(fleet) == Counter(r1=1, w1=1)
