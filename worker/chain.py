@@ -41,7 +41,7 @@ from typing import Any
 
 import redis
 
-from kernel.errors import ConcurrentModification, ReinsError
+from kernel.errors import ConcurrentModification, ReinsError, StoreError
 from kernel.events import Admit
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
@@ -246,9 +246,14 @@ class TurnChain:
             log.warning("could not decline claim %s: %s", claim.claim_id, exc)
 
     def _debit_again(self, claim: Claim) -> None:
-        """A lapsed claim's debit was released: no request leaves without one standing."""
+        """A lapsed claim's debit was released: no request leaves without one standing. Past
+        ``max_task_s`` without one, the turn is given up (raised; the record keeps its call
+        for the stranded-turn backstop), as nothing may be sent."""
         call, wait = claim.call, REDEBIT_WAIT_S[0]
+        give_up = time.monotonic() + self.max_task_s
         while call.route and not self.gates.debit(call.route, claim.claim_id, call.charge).ok:
+            if time.monotonic() > give_up or self.draining():
+                raise StoreError(f"{call.trajectory_id}: no gate debit for its lapsed claim")
             time.sleep(wait)  # the gate's window refills; the dispatcher waits likewise
             wait = min(wait * 2, REDEBIT_WAIT_S[1])
 

@@ -8,6 +8,7 @@ them to the turn runner, whose chain admits the following turns in the same call
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,11 @@ import redis
 
 from examples.support_store.state import RedisState
 from kernel.states import LifecycleState, StopReason
+from router.claims import store_readiness
 from router.gates import GateConfig
+from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
+from router.tenants import AdmissionConfig
 from tests.fleet.conftest import ROUTE
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.fleet.processes import effects_by_order, order_of
@@ -175,3 +179,50 @@ def test_a_run_that_cannot_continue_ends_at_its_chained_admission(
     assert not admitter.is_queued(tid), "the claim was withdrawn with its debit"
     assert fleet.holdings.held("w1") == [], "no holding outlives the run"
     assert admitted_by(fleet) == Counter(r1=1, w1=1)
+
+
+def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
+) -> None:
+    fleet = InProcessFleet(
+        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), chain_turns=1
+    )
+    chain = fleet.chain
+    assert chain is not None
+    clock = [time.time()]
+    gates = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
+    admitter = RedisAdmitter(
+        redis_client,
+        AdmissionConfig.from_file(str(tenants_file)),
+        prefix=key_prefix,
+        gates=gates,
+        clock=lambda: clock[0],
+    )
+    chain.admitter = admitter
+    reaped: list[Any] = []
+    commit_on = admitter.commit_on
+
+    def reaped_first(pipe: Any, claim: Any) -> Any:  # the claim outlives its deadline first
+        clock[0] += 3600
+        reaped.append(admitter.reconcile(store_readiness(fleet.store)))
+        return commit_on(pipe, claim)
+
+    admitter.commit_on = reaped_first  # type: ignore[method-assign]
+    debits: list[str] = []
+    debit = gates.debit
+
+    def counted(route: str, lease: str, tokens: int) -> Any:
+        debits.append(lease)
+        return debit(route, lease, tokens)
+
+    chain.gates.debit = counted  # type: ignore[method-assign]
+    oid = seed_orders(redis_client, key_prefix, 2800, 1)[0]
+    tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
+    fleet.cycle()
+    (msg,) = fleet.take()
+    fleet.runner.run(msg)
+    assert len(reaped) == 1 and reaped[0].dropped == (tid,), "the reconciler dropped the claim"
+    assert len(debits) == 1, "debited again under the claim's id before the model call"
+    rec = fleet.load("acme", tid)
+    assert rec.turn == 2, "the chained turn ran"
+    assert gates.reading(ROUTE).requests >= 2, "both model calls counted at the gate"
