@@ -7,8 +7,8 @@
 -- ARGV[3]  seconds a claim may stay uncommitted before the reconciler may reap it
 -- ARGV[4]  "1" to return every lane's queue depth after each claim
 -- ARGV[5]  "claim"; "peek": only nominate and return the call, claiming nothing; or "direct":
---          first try the expected call itself, if its route has no gate and it is at the head
---          of its class queue, without nominating (below)
+--          first take the expected call itself, if its route has no gate, without nominating
+--          (below)
 -- ARGV[6]  the trajectory id the caller expects to claim (after a peek), or ""
 -- ARGV[7]  how many calls to claim at most (a dispatcher with that many free slots)
 -- ARGV[8]  S, the number of lanes to skip; ARGV[9 .. 8+S] those lanes; ARGV[9+S ..] closed routes
