@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
-from redis.exceptions import NoScriptError
 
 from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
@@ -60,7 +59,7 @@ from router.membership import Membership
 from router.ring import Ring
 from router.stranded import ACTING, StrandedTurns
 from router.submit import RouterApi
-from store.redis_store import direct_batch, retry_transient
+from store.redis_store import direct_batch, retry_transient, script_reply
 
 log = logging.getLogger("reins.router.reconcile")
 MAX_ATTEMPTS = 16  # lost compare-and-sets in a row before a recovery is left to the backstop
@@ -206,13 +205,10 @@ class Holdings:
         self, reply: Any, member: str, tenant: str, trajectory_id: str, version: int
     ) -> bool:
         """Finish a release queued on a pipeline from its ``reply`` (executed with
-        ``raise_on_error=False``): a server that lost the script (restarted, flushed) gets it
-        loaded and the release run once more; any other error is raised."""
-        if isinstance(reply, NoScriptError):
-            return self.release(member, tenant, trajectory_id, version)
-        if isinstance(reply, Exception):
-            raise reply
-        return bool(reply)
+        ``raise_on_error=False``; :func:`~store.redis_store.script_reply`)."""
+        return bool(
+            script_reply(reply, lambda: self.release(member, tenant, trajectory_id, version))
+        )
 
     # --- the reconciler's side ---------------------------------------------------------------
 

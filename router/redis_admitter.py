@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import RedisError
 
 from kernel.budget import Budget
 from kernel.errors import (
@@ -84,6 +84,7 @@ from router.drr import Nomination, ReadyCall
 from router.fairness import FairnessBook, FairnessFigures
 from router.redis_gates import LuaScript, RedisGates, admitter_tag
 from router.tenants import AdmissionConfig, LaneIndex, TenantConfig
+from store.redis_store import script_reply
 
 __all__ = ["Claim", "ClaimAttempt", "ClaimBatch", "Reconciled", "RedisAdmitter", "store_readiness"]
 
@@ -358,11 +359,13 @@ class RedisAdmitter:
         )
 
         def finish(reply: Any) -> float | None:
-            if isinstance(reply, NoScriptError):
-                return self.commit_many([claim])[0]
-            if isinstance(reply, Exception):
-                raise StoreError(f"commit.lua: {reply}")
-            return self._committed([claim], reply)[0]
+            def again() -> Any:
+                return self._commit(self._keys, (self._now(), claim.claim_id), retry=False)
+
+            try:
+                return self._committed([claim], script_reply(reply, again))[0]
+            except RedisError as exc:
+                raise StoreError(f"commit.lua: {exc}") from exc
 
         return finish
 

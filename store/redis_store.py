@@ -248,6 +248,18 @@ class DirectBatch:
         return replies
 
 
+def script_reply(reply: Any, again: Callable[[], Any]) -> Any:
+    """The reply of a bare ``EVALSHA`` sent in a batch (executed with ``raise_on_error=False``,
+    so no ``SCRIPT EXISTS`` round trip goes before it): a server that lost its scripts
+    (restarted, flushed) answers ``NOSCRIPT``, and ``again`` loads the script and runs it once
+    more; any other error reply is raised."""
+    if isinstance(reply, NoScriptError):
+        return again()
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
 def direct_batch(client: redis.Redis) -> Any:
     """A :class:`DirectBatch` on ``client``, or its own pipeline (no transaction) for a client
     pinned to one connection or of another kind."""
@@ -370,13 +382,7 @@ class RedisStore(TrajectoryStore):
             for reply_ in replies[:-1]:
                 if isinstance(reply_, Exception):
                     raise reply_
-            last = replies[-1]
-            if not isinstance(last, NoScriptError):
-                if isinstance(last, Exception):
-                    raise last
-                return cast(list[int], last)
-            self._client.script_load(self._cas_source)  # ``before`` ran already
-            return cast(list[int], self._execute("EVALSHA", self._cas_sha, 3, *call))
+            return cast(list[int], script_reply(replies[-1], lambda: self._run_cas(call)))
         try:
             reply: list[int] = self._execute("EVALSHA", self._cas_sha, 3, *call)
         except NoScriptError:
