@@ -187,15 +187,7 @@ class Dispatcher:
         self._requeued(n, out)
 
     def _entry(self, n: Notice) -> tuple[str, str, int, int, str | None, str | None]:
-        route = self.route_for(n.route)
-        return (
-            n.tenant,
-            n.trajectory_id,
-            max(n.input_tokens, 0),
-            max(n.output_allowance, 1),
-            None,
-            route,
-        )
+        return n.returning(self.route_for(n.route))
 
     def _requeued(self, n: Notice, answer: Any) -> None:
         if isinstance(answer, FinalizeNow):

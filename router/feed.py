@@ -85,6 +85,13 @@ class Notice:
     lease_route: str = ""  # the gate route of that lease
     used_tokens: int = -1  # the ended turn's model usage in tokens; -1: no evidence
 
+    def returning(self, route: str | None) -> tuple[str, str, int, int, None, str | None]:
+        """What the admitter queues back for this READY trajectory: tenant, id, its next
+        call's input tokens and output allowance, the default class, and the gate ``route``
+        (None: no gate governs it)."""
+        tokens, allowance = max(self.input_tokens, 0), max(self.output_allowance, 1)
+        return (self.tenant, self.trajectory_id, tokens, allowance, None, route)
+
     def encode(self) -> bytes:
         """The compact JSON form kept in Redis: the fields in order, as one array."""
         fields = (

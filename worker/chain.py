@@ -152,14 +152,7 @@ class TurnChain:
         The result's commands may end the run or hold it (the kernel decided that at
         admission); the caller carries them out as a turn's own.
         """
-        entry = (
-            rec.tenant,
-            rec.trajectory_id,
-            max(ready.input_tokens, 0),
-            max(ready.output_allowance, 1),
-            None,
-            msg.route or None,
-        )
+        entry = ready.returning(msg.route or None)  # the route its admission checked
         settle = (msg.route, msg.lease, used_tokens) if msg.lease and msg.route else ("", "", -1)
         _, claim = self.admitter.claim_returning(entry, settle=settle)
         if claim is None:
