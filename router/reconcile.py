@@ -55,6 +55,7 @@ import redis
 from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
 from kernel.states import LifecycleState
+from router.feed import TurnMessage
 from router.membership import Membership
 from router.ring import Ring
 from router.stranded import ACTING, StrandedTurns
@@ -106,9 +107,19 @@ class Held:
 def _holding(member: str, payload: dict[str, Any]) -> tuple[str, str, str]:
     """(member, field, value) of the holding of turn message ``payload`` sent to ``member``."""
     commands = payload.get("commands") or [{}]
-    call_id = str(commands[0].get("call_id", ""))
-    field_ = f"{payload['tenant']}/{payload['trajectory_id']}"
-    return member, field_, f"{int(payload['version'])}:{int(payload['epoch'])}:{call_id}"
+    return _holding_of(
+        member,
+        f"{payload['tenant']}/{payload['trajectory_id']}",
+        int(payload["version"]),
+        int(payload["epoch"]),
+        str(commands[0].get("call_id", "")),
+    )
+
+
+def _holding_of(
+    member: str, key: str, version: int, epoch: int, call_id: str
+) -> tuple[str, str, str]:
+    return member, key, f"{version}:{epoch}:{call_id}"
 
 
 class Holdings:
@@ -149,11 +160,14 @@ class Holdings:
             self._pending = pending + self._pending  # written before anything is sent
             raise
 
-    def commands(self, member: str, payload: dict[str, Any]) -> list[tuple[str, ...]]:
-        """The commands that write the holding of turn message ``payload`` for ``member``, for
-        a member that admits a turn itself to send before its admission commits
-        (:mod:`worker.chain`); idempotent, as a resend after a lost reply needs."""
-        return self._commands([_holding(member, payload)])
+    def commands(self, member: str, msg: TurnMessage) -> list[tuple[str, ...]]:
+        """The commands that write the holding of turn message ``msg`` for ``member``, for a
+        member that admits a turn itself to send before its admission commits
+        (:mod:`worker.chain`); idempotent, as a resend after a lost reply needs. Read from the
+        message's fields: its payload would dump the model's whole view."""
+        call_id = msg.commands[0].call_id if msg.commands else ""
+        key = f"{msg.tenant}/{msg.trajectory_id}"
+        return self._commands([_holding_of(member, key, msg.version, msg.epoch, call_id)])
 
     def _write_on(self, pipe: Any, pending: list[tuple[str, str, str]]) -> None:
         for command in self._commands(pending):

@@ -165,7 +165,7 @@ class TurnChain:
         why = f"the kernel did not admit it ({result.note})" if result.record is rec else ""
         # Held before it commits, in the same round trip, so the reconciler finds the turn if
         # this worker dies from then on.
-        holding = self.holdings.commands(self.worker, nxt.to_payload()) if commands else []
+        holding = self.holdings.commands(self.worker, nxt) if commands else []
         if not why:
             prepared = prepare_commit(result.record, rec.record_version, result.rows)
             try:
