@@ -52,7 +52,7 @@ class Settings(BaseModel):
         le=1000,
         description=(
             "turns a worker may admit back to back for a trajectory it just ended READY, each "
-            "only when the shared admitter picks it next (0: every turn goes through a router)"
+            "only when that overtakes nobody in the shared admitter (0: every turn via a router)"
         ),
     )
     # --- Prometheus (ops/metrics.py): every router and worker process serves /metrics ---

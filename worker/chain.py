@@ -1,5 +1,5 @@
 """Chained turns: the worker that ended a turn READY admits the trajectory's next turn itself,
-when the shared admitter would pick that very call next.
+when the shared admitter would let that call overtake nobody.
 
 Without it every turn makes a round through a router: the worker's READY notice, the router's
 requeue, its claim, a second load and parse of the record, the admission's compare-and-set, a
@@ -8,16 +8,18 @@ worker's load of the record once more. When nobody is waiting, that round change
 router would decide differently, and it was most of a turn's cost. So a worker holding a
 trajectory that just ended READY, in one go with its record still in hand:
 
-1. settles the ended turn's gate lease with the usage it saw (the notice would have carried it);
-2. queues the call back and claims it, in the shared admitter, **only if weighted deficit
-   round-robin picks it next** (:meth:`RedisAdmitter.claim_returning`: the same scripts, the
-   same gate debit and credit deduction as a router's claim); if another call comes first, or
-   its gate refuses, the call stays queued and the READY notice wakes a router, as before;
-3. steps the kernel's ``Admit`` on the record it holds, writes its holding of the new version
-   (as a router does before it sends: the reconciler recovers the turn if this worker dies
-   from here on) and commits the admission by compare-and-set (register before send); a lost
-   race or an admission the kernel refuses releases that holding and declines the claim (the
-   call is READY at its queue head with its credit), and a router takes it from there;
+1. in one script run in the shared admitter (:meth:`RedisAdmitter.claim_returning`), settles
+   the ended turn's gate lease with the usage it saw (the notice would have carried it), queues
+   the call back and claims it **when that overtakes nobody**: a call with a gate only if
+   weighted deficit round-robin picks it next, a call with no gate (nothing scarce to share) at
+   once; the same gate debit and credit deduction as a router's claim. If another call comes
+   first, or its gate refuses, the call stays queued and the READY notice wakes a router;
+2. steps the kernel's ``Admit`` on the record it holds;
+3. writes its holding of the new version and commits the admission by compare-and-set in one
+   round trip, the holding first (as a router writes one before it sends: the reconciler
+   recovers the turn if this worker dies from here on; register before send); a lost race or
+   an admission the kernel refuses releases that holding and declines the claim (the call is
+   READY at its queue head with its credit), and a router takes it from there;
 4. commits the claim and records the admission for the figures (one round trip), and runs the
    turn in the same task thread, with the record it committed (no load, no parse, no message).
 

@@ -33,8 +33,8 @@ Contracts:
   whose grace ran out), one hand-back, which a router sends on to another member with the
   same call ids and gate lease (:class:`~router.feed.HandBack`). Nothing is changed first.
 * **Chained turns.** With a :class:`~worker.chain.TurnChain`, a turn that ends READY may be
-  followed in the same call by the trajectory's next turn, admitted here when the shared
-  admitter would pick it next (:mod:`worker.chain`); the message's one notice is then the last
+  followed in the same call by the trajectory's next turn, admitted here when that overtakes
+  nobody in the shared admitter (:mod:`worker.chain`); the message's one notice is then the last
   turn's, or the READY notice of the turn the chain left to a router (its lease settled).
 * **Observed, not metered here.** An optional :class:`TurnObserver` (Prometheus metrics from
   ``ops``) is told each turn's wall time, each step committed (after its compare-and-set) and
