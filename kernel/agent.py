@@ -5,14 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
+from kernel.record import TrajectoryRecord
 from kernel.tools import Catalog
-
-if TYPE_CHECKING:
-    from kernel.record import TrajectoryRecord
 
 
 class LoopShape(StrEnum):

@@ -8,78 +8,61 @@ Withdrawal never refunds: outstanding operations keep their reservations until e
 
 from __future__ import annotations
 
+from kernel import waits
 from kernel.amounts import ZERO, tool_call_liability
 from kernel.chain import RowKind
+from kernel.context import Draft
+from kernel.dispatch import dispatch, refusal
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
 from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue, ToolProgress
-from kernel.fold import refusal
 from kernel.lifecycle import Cause, clock_refusal
-from kernel.record import ApprovalStatus, ControlKind, OpStatus, PendingControl
+from kernel.record import ApprovalStatus, ControlKind, OpKind, OpStatus, PendingControl
 from kernel.states import LIVE, LifecycleState, StopReason
-from kernel.step import Turn
 
 S = LifecycleState
+#: States in which nothing new is admitted: a pause, a stop under way, or the end.
+HOLDING = frozenset({S.PAUSED, S.FINALIZING, S.COMPLETED, S.FAILED, S.CANCELED})
 
 
-def _withdraw(turn: Turn) -> None:
+def _withdraw(draft: Draft) -> None:
     """Withdraw every outstanding claim on results: eligibility off, epoch forward."""
-    rec = turn.rec
+    rec = draft.rec
     any_open = False
     for op in rec.operations.values():
         if op.eligible:
             op.eligible = False
             any_open = True
             if op.open:
-                turn.commands.append(CancelCall(call_id=op.call_id))
+                draft.commands.append(CancelCall(call_id=op.call_id))
     if any_open:
         rec.control_epoch += 1
     if rec.held is not None and rec.held.status is ApprovalStatus.HELD:
         rec.held.status = ApprovalStatus.WITHDRAWN
-        rec.held.decided_at = turn.now
+        rec.held.decided_at = draft.now
 
 
-def _step_down(turn: Turn) -> None:
+def _step_down(draft: Draft) -> None:
     """From a live call, wait or hold, back to READY (explicit withdrawal)."""
-    rec = turn.rec
+    rec = draft.rec
     if rec.state in (S.CALLING_MODEL, S.WAITING_TOOL, S.AWAITING_APPROVAL):
-        _withdraw(turn)
-        turn.move(S.READY, Cause.WITHDRAWN)
+        _withdraw(draft)
+        draft.move(S.READY, Cause.WITHDRAWN)
 
 
-def carry_out_hold(turn: Turn) -> None:
-    """Carry out the pending control hold on a trajectory that is (now) READY."""
-    rec = turn.rec
-    pc = rec.pending_control
-    if pc is None:
-        return
-    if pc.kind is ControlKind.PAUSE:
-        if rec.state is S.READY:
-            turn.move(S.PAUSED, Cause.PAUSE)
-    elif pc.kind in (ControlKind.CANCEL, ControlKind.KILL):
-        rec.pending_control = None
-        turn.stop(StopReason.CANCELED if pc.kind is ControlKind.CANCEL else StopReason.KILLED)
-
-
-def on_control(turn: Turn, ev: ControlRequested) -> None:
+def on_control(draft: Draft, ev: ControlRequested) -> None:
     """Pause, resume, cancel, kill or interrupt; each recorded in the chain.
 
     The answer (``StepResult.ack``) tells three milestones apart: the request was received,
     new admission is stopped, and running work is confirmed stopped (no operation is still
     open; otherwise their call ids are listed as outstanding, still owned and reserved).
     """
-    _apply_control(turn, ev)
-    rec = turn.rec
+    _apply_control(draft, ev)
+    rec = draft.rec
     outstanding = sorted(
         op.call_id for op in rec.operations.values() if op.open or op.status is OpStatus.HANDED_OFF
     )
-    holding = rec.pending_control is not None or rec.state.value in (
-        "PAUSED",
-        "FINALIZING",
-        "COMPLETED",
-        "FAILED",
-        "CANCELED",
-    )
-    turn.ack = {
+    holding = rec.pending_control is not None or rec.state in HOLDING
+    draft.ack = {
         "request_id": ev.request_id,
         "received": True,
         "admission_stopped": holding and ev.kind is not ControlKind.RESUME,
@@ -89,53 +72,53 @@ def on_control(turn: Turn, ev: ControlRequested) -> None:
     }
 
 
-def _apply_control(turn: Turn, ev: ControlRequested) -> None:
-    rec = turn.rec
+def _apply_control(draft: Draft, ev: ControlRequested) -> None:
+    rec = draft.rec
     if rec.state not in LIVE:
         raise IllegalTransition(rec.state.value, ev.kind.value, ev.request_id, "run has ended")
     hold = PendingControl(
         kind=ev.kind, request_id=ev.request_id, requested_by=ev.requested_by, at=ev.now
     )
     if ev.kind is ControlKind.PAUSE and rec.state is S.PAUSED:
-        turn.note = "already paused"  # a repeated pause is not a new control action
+        draft.note = "already paused"  # a repeated pause is not a new control action
         return
-    turn.row(
+    draft.row(
         RowKind.CONTROL,
         outcome=ev.kind.value,
         detail={"request_id": ev.request_id, "by": ev.requested_by},
     )
     if ev.kind is ControlKind.PAUSE:
         rec.pending_control = hold
-        _step_down(turn)
-        turn.move(S.PAUSED, Cause.PAUSE)
+        _step_down(draft)
+        draft.move(S.PAUSED, Cause.PAUSE)
     elif ev.kind is ControlKind.RESUME:
         if rec.state is not S.PAUSED:
             raise IllegalTransition(rec.state.value, S.READY.value, ev.request_id, "not paused")
         rec.pending_control = None
-        turn.move(S.READY, Cause.RESUME)
-        turn.commands.append(Enqueue())
+        draft.move(S.READY, Cause.RESUME)
+        draft.commands.append(Enqueue())
     elif ev.kind in (ControlKind.CANCEL, ControlKind.KILL):
         rec.pending_control = hold
-        _withdraw(turn)
+        _withdraw(draft)
         if ev.kind is ControlKind.KILL:
             for op in rec.operations.values():
                 if op.open and op.call_id not in {
-                    c.call_id for c in turn.commands if isinstance(c, CancelCall)
+                    c.call_id for c in draft.commands if isinstance(c, CancelCall)
                 }:
-                    turn.commands.append(CancelCall(call_id=op.call_id))
+                    draft.commands.append(CancelCall(call_id=op.call_id))
         rec.pending_control = None
-        turn.stop(StopReason.CANCELED if ev.kind is ControlKind.CANCEL else StopReason.KILLED)
+        draft.stop(StopReason.CANCELED if ev.kind is ControlKind.CANCEL else StopReason.KILLED)
     elif ev.kind is ControlKind.INTERRUPT:
-        _step_down(turn)
+        _step_down(draft)
         rec.last_observation = {"status": "interrupt", "instructions": ev.instructions or ""}
         if rec.state is S.READY:
-            turn.commands.append(Enqueue())
+            draft.commands.append(Enqueue())
 
 
-def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
+def on_approval(draft: Draft, ev: ApprovalDecided) -> None:
     """A reviewer's decision: it must match the held request exactly, and dispatch re-runs
     the whole admission check; a decision that does not match changes nothing."""
-    rec, agent = turn.rec, turn.ctx.agent
+    rec, agent = draft.rec, draft.ctx.agent
     held = rec.held
     if held is None or held.approval_id != ev.approval_id:
         raise UnknownReference(f"trajectory {rec.trajectory_id}: no approval {ev.approval_id}")
@@ -149,7 +132,7 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
         raise UnknownReference(f"approval {ev.approval_id}: {ev.reviewer!r} may not decide")
     wanted = ApprovalStatus.APPROVED if ev.approve else ApprovalStatus.DENIED
     if held.status is wanted:
-        turn.note = f"duplicate decision on {ev.approval_id}"
+        draft.note = f"duplicate decision on {ev.approval_id}"
         return
     if held.status is not ApprovalStatus.HELD or rec.state is not S.AWAITING_APPROVAL:
         raise UnknownReference(
@@ -157,19 +140,19 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
             "a late decision is kept for audit only"
         )
     if ev.now >= held.expires_at:
-        _expire(turn)
+        _expire(draft)
         return
     if not ev.approve:
         held.status = ApprovalStatus.DENIED
         held.decided_at = ev.now
-        turn.row(
+        draft.row(
             RowKind.APPROVAL,
             tool=held.tool,
             outcome="denied",
             detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
         )
-        turn.recoverable("approval_denied", refusal(held.approval_id, "APPROVAL_DENIED"))
-        turn.end_turn(Cause.WITHDRAWN)
+        draft.recoverable("approval_denied", refusal(held.approval_id, "APPROVAL_DENIED"))
+        draft.end_turn(Cause.WITHDRAWN)
         return
     spec = agent.catalog.get(held.tool)
     if spec is None:  # pragma: no cover - the catalog is fixed for a run
@@ -177,11 +160,11 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
     fits = rec.ledger.fits(tool_call_liability(spec.liability or ZERO))
     clocks_ok = clock_refusal(rec, ev.now) is None
     granted = spec.permitted(rec.grants, held.args)
-    capacity = turn.ctx.capacity(rec, spec, held.args) if turn.ctx.capacity else True
+    capacity = draft.ctx.capacity(rec, spec, held.args) if draft.ctx.capacity else True
     if not (fits and clocks_ok and granted and capacity) or rec.pending_control is not None:
         # Table 8: the decision is good, admission is not: record it, keep the request held,
         # and admit it when a later delivery of the decision finds the terms met.
-        turn.row(
+        draft.row(
             RowKind.APPROVAL,
             tool=held.tool,
             outcome="approved_not_admitted",
@@ -194,13 +177,11 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
                 "capacity": capacity,
             },
         )
-        turn.note = "approved, but dispatch is not admitted now: the request stays held"
+        draft.note = "approved, but dispatch is not admitted now: the request stays held"
         return
-    from kernel.fold import dispatch
-
     held.status = ApprovalStatus.APPROVED
     held.decided_at = ev.now
-    turn.row(
+    draft.row(
         RowKind.APPROVAL,
         tool=held.tool,
         outcome="approved",
@@ -208,7 +189,7 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
     )
     try:
         dispatch(
-            turn,
+            draft,
             [(spec, held.args, held.plan_step)],
             Cause.APPROVED,
             approval_digest=held.digest,
@@ -218,34 +199,34 @@ def on_approval(turn: Turn, ev: ApprovalDecided) -> None:
         held.status = ApprovalStatus.HELD
 
 
-def _expire(turn: Turn) -> None:
-    rec = turn.rec
+def _expire(draft: Draft) -> None:
+    rec = draft.rec
     held = rec.held
     assert held is not None
     held.status = ApprovalStatus.EXPIRED
-    held.decided_at = turn.now
-    turn.row(
+    held.decided_at = draft.now
+    draft.row(
         RowKind.APPROVAL,
         tool=held.tool,
         outcome="expired",
         detail={"approval_id": held.approval_id},
     )
-    turn.recoverable("approval_expired", refusal(held.approval_id, "APPROVAL_EXPIRED"))
-    turn.end_turn(Cause.WITHDRAWN)
+    draft.recoverable("approval_expired", refusal(held.approval_id, "APPROVAL_EXPIRED"))
+    draft.end_turn(Cause.WITHDRAWN)
 
 
 MAX_LOG_LINES = 50
 
 
-def on_progress(turn: Turn, ev: ToolProgress) -> None:
+def on_progress(draft: Draft, ev: ToolProgress) -> None:
     """A job's log line: kept (bounded) for diagnosis; it never resumes the model."""
-    rec = turn.rec
+    rec = draft.rec
     op = rec.operations.get(ev.call_id)
-    if op is None or op.kind.value != "tool":
+    if op is None or op.kind is not OpKind.TOOL:
         raise UnknownReference(f"trajectory {rec.trajectory_id}: no tool call {ev.call_id}")
     lines = [*rec.job_logs.get(ev.call_id, ()), ev.line[:500]][-MAX_LOG_LINES:]
     rec.job_logs = {**rec.job_logs, ev.call_id: lines}  # replaced, shared between versions
-    turn.row(
+    draft.row(
         RowKind.TOOL,
         call_id=ev.call_id,
         tool=op.tool,
@@ -254,29 +235,27 @@ def on_progress(turn: Turn, ev: ToolProgress) -> None:
     )
 
 
-def on_tick(turn: Turn) -> None:
+def on_tick(draft: Draft) -> None:
     """Time passed: wall-clock limit first, then approval expiry."""
-    rec = turn.rec
+    rec = draft.rec
     if rec.state not in LIVE:
-        turn.note = "ended"
+        draft.note = "ended"
         return
-    if turn.now - rec.submitted_at >= rec.budget.wall_clock_s:
-        _step_down(turn)
+    if draft.now - rec.submitted_at >= rec.budget.wall_clock_s:
+        _step_down(draft)
         if rec.state is S.PAUSED:
             rec.pending_control = None
-        turn.stop(StopReason.WALL_CLOCK)
+        draft.stop(StopReason.WALL_CLOCK)
         return
     held = rec.held
     if (
         rec.state is S.AWAITING_APPROVAL
         and held is not None
         and held.status is ApprovalStatus.HELD
-        and turn.now >= held.expires_at
+        and draft.now >= held.expires_at
     ):
-        _expire(turn)
+        _expire(draft)
         return
     deadline = rec.wait_deadline
-    if rec.state is S.WAITING_TOOL and deadline is not None and turn.now >= deadline:
-        from kernel import waits
-
-        waits.on_deadline(turn)
+    if rec.state is S.WAITING_TOOL and deadline is not None and draft.now >= deadline:
+        waits.on_deadline(draft)

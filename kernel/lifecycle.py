@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from kernel.errors import IllegalTransition, StaleDecision
 from kernel.fastmodel import pinned_values
-from kernel.record import ControlKind, TrajectoryRecord
+from kernel.record import ApprovalStatus, ControlKind, SettlementOwner, TrajectoryRecord
 from kernel.states import LIVE, TERMINAL, LifecycleState, StopReason, terminal_state_for
 
 S = LifecycleState
@@ -108,7 +108,7 @@ def _admission(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
     """The non-budget part of the admission check; the ledger adds the budget clause."""
     if (why := _no_hold(rec)) is not None:
         return why
-    if rec.held is not None and rec.held.status.value == "held":
+    if rec.held is not None and rec.held.status is ApprovalStatus.HELD:
         return "a proposal is held for approval"
     return _clocks(rec, d, now)
 
@@ -136,7 +136,9 @@ def _finish(target: S) -> Guard:
             return "no stop reason recorded"
         if terminal_state_for(rec.stop_reason) is not target:
             return f"stop {rec.stop_reason.value} does not end in {target.value}"
-        owed = [op.op_id for op in rec.open_operations if op.settlement_owner == "kernel"]
+        owed = [
+            op.op_id for op in rec.open_operations if op.settlement_owner is SettlementOwner.KERNEL
+        ]
         if owed:
             return "operations not settled or handed off: " + ", ".join(owed)
         return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernel.fastmodel import construct
-from kernel.record import PlanStep
+from kernel.record import PlanStep, StepStatus
 from kernel.tools import Catalog, ToolKind
 
 
@@ -64,4 +64,4 @@ def adopt(steps: list[dict[str, Any]]) -> list[PlanStep]:
 
 def open_steps(plan: list[PlanStep]) -> list[str]:
     """Ids of steps still pending."""
-    return [s.id for s in plan if s.status.value == "pending"]
+    return [s.id for s in plan if s.status is StepStatus.PENDING]

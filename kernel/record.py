@@ -70,6 +70,23 @@ class OpStatus(StrEnum):
     HANDED_OFF = "handed_off"  # transferred to a named owner with evidence and reservation
 
 
+@pinned_values
+class SettlementOwner(StrEnum):
+    """Who owes an open operation's settlement: the kernel while the run lives, then the
+    reconciler it is handed to at the stop."""
+
+    KERNEL = "kernel"
+    RECONCILER = "reconciler"
+
+
+@pinned_values
+class EscalationStage(StrEnum):
+    """A stage of staged escalation (seed 004 table 9), once entered."""
+
+    STEER = "steer"  # the view asks for a smaller step or the final report
+    RESTRICT = "restrict"  # grants narrowed to read-only tools
+
+
 @json_native
 class Operation(Mutable):
     """One entry of the operation table: a registered model or tool call (seed 004 10.3)."""
@@ -83,7 +100,7 @@ class Operation(Mutable):
     idempotency_key: str
     epoch: int
     reservation: Amounts
-    settlement_owner: str = "kernel"
+    settlement_owner: SettlementOwner = SettlementOwner.KERNEL
     status: OpStatus = OpStatus.REGISTERED
     eligible: bool = True
     tool: str | None = None
@@ -228,7 +245,7 @@ class TrajectoryRecord(Mutable):
     # supervised waiting and escalation
     wait_deadline: float | None = None
     job_logs: dict[str, list[str]] = Field(default_factory=dict)
-    escalation: str | None = None  # "steer" or "restrict" once a stage was entered
+    escalation: EscalationStage | None = None
 
     @classmethod
     def create(
@@ -274,7 +291,7 @@ class TrajectoryRecord(Mutable):
         Cheaper than a deep copy. Shared: frozen values (budget, amounts), what the kernel
         only ever replaces (grants, error streak, job logs, evidence), the ledger's accounts
         (a write replaces one), the plan (the kernel copies a step before changing it:
-        ``Turn.own_step``) and settled operations no longer eligible for a result (nothing
+        ``Draft.own_step``) and settled operations no longer eligible for a result (nothing
         changes them again; a handed-off one may still be settled, so it is copied). Every
         other container the kernel changes in place is copied. The step function's tests
         check that its input is never changed.

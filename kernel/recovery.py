@@ -11,23 +11,22 @@ looked up, or ends the run ``unknown_outcome``. So every effect happens at most 
 from __future__ import annotations
 
 from kernel.chain import RowKind
+from kernel.context import Draft
 from kernel.events import Enqueue
 from kernel.lifecycle import Cause
 from kernel.record import OpKind, OpStatus
+from kernel.results import resolve_unknown
 from kernel.states import LifecycleState
-from kernel.step import Turn
 
 S = LifecycleState
 
 
-def on_recover(turn: Turn) -> None:
+def on_recover(draft: Draft) -> None:
     """Resume a trajectory whose turn was stranded on a dead worker."""
-    from kernel.results import resolve_unknown
-
-    rec = turn.rec
+    rec = draft.rec
     if rec.state is S.READY:
-        turn.commands.append(Enqueue())  # the queue may have lost it with the worker
-        turn.note = "recovered: re-queued"
+        draft.commands.append(Enqueue())  # the queue may have lost it with the worker
+        draft.note = "recovered: re-queued"
         return
     if rec.state is S.CALLING_MODEL:
         for op in rec.operations.values():
@@ -35,19 +34,19 @@ def on_recover(turn: Turn) -> None:
                 op.eligible = False
                 op.status = OpStatus.UNKNOWN  # may have been sent: the reservation stays
         rec.control_epoch += 1
-        turn.row(RowKind.CONTROL, outcome="recovered", detail={"state": "CALLING_MODEL"})
-        turn.end_turn(Cause.WITHDRAWN)
+        draft.row(RowKind.CONTROL, outcome="recovered", detail={"state": "CALLING_MODEL"})
+        draft.end_turn(Cause.WITHDRAWN)
         return
     if rec.state is S.WAITING_TOOL:
-        turn.row(RowKind.CONTROL, outcome="recovered", detail={"state": "WAITING_TOOL"})
+        draft.row(RowKind.CONTROL, outcome="recovered", detail={"state": "WAITING_TOOL"})
         for op in list(rec.operations.values()):
             if op.kind is not OpKind.TOOL or not op.eligible or not op.open:
                 continue
-            spec = turn.ctx.agent.catalog.get(op.tool or "")
+            spec = draft.ctx.agent.catalog.get(op.tool or "")
             if spec is None:  # pragma: no cover - the catalog is fixed for a run
                 continue
-            resolve_unknown(turn, op, spec)
+            resolve_unknown(draft, op, spec)
             if rec.state is not S.WAITING_TOOL:
                 return  # the rule ended the run (unknown_outcome, or a budget)
         return
-    turn.note = f"nothing in flight to recover in {rec.state.value}"
+    draft.note = f"nothing in flight to recover in {rec.state.value}"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernel.jsontext import sorted_text
-from kernel.record import PlanStep, TrajectoryRecord
+from kernel.record import OpKind, PlanStep, TrajectoryRecord
 
 Estimator = Callable[[str], int]
 
@@ -46,7 +46,7 @@ def render(rec: TrajectoryRecord) -> str:
             for op in rec.operations.values()
             if op.plan_step is not None
             and op.evidence is not None
-            and op.kind.value == "tool"
+            and op.kind is OpKind.TOOL
             and op.epoch == rec.control_epoch
         }
     return sorted_text(view)

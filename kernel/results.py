@@ -19,22 +19,22 @@ from kernel.amounts import (
     tool_call_liability,
 )
 from kernel.chain import RowKind
+from kernel.context import MISFIT_STOP, Draft
 from kernel.errors import AdmissionRefused, UnknownReference
 from kernel.events import DispatchTool, LookupEffect
 from kernel.events import ToolResulted as ToolResultEvent
 from kernel.record import Operation, OpKind, OpStatus, StepStatus
 from kernel.render import bound_result
 from kernel.states import LifecycleState, StopReason
-from kernel.step import MISFIT_STOP, Turn
 from kernel.tools import OnUnknown, ToolKind, ToolSpec
 
 S = LifecycleState
 BUSINESS_ERRORS = frozenset({"not_found", "invalid_state"})
 
 
-def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
+def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
     """Settle first; stage for the model only if eligible under the current epoch."""
-    rec = turn.rec
+    rec = draft.rec
     op = rec.operations.get(ev.call_id)
     if op is None or op.kind is not OpKind.TOOL or ev.attempt_id not in op.attempts:
         raise UnknownReference(
@@ -43,14 +43,14 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
     if op.status is OpStatus.SETTLED or (
         op.evidence is not None and op.evidence.get("attempt") == ev.attempt_id
     ):
-        turn.note = f"duplicate result for {ev.call_id}: already settled"
+        draft.note = f"duplicate result for {ev.call_id}: already settled"
         return
-    spec = turn.ctx.agent.catalog.get(op.tool or "")
-    turn.spend_time(ev.latency_s)
+    spec = draft.ctx.agent.catalog.get(op.tool or "")
+    draft.spend_time(ev.latency_s)
     result = ev.result
     status = result.get("status")
     op.evidence = {"attempt": ev.attempt_id, **result}
-    turn.row(
+    draft.row(
         RowKind.TOOL,
         call_id=ev.call_id,
         tool=op.tool,
@@ -68,27 +68,27 @@ def on_tool_result(turn: Turn, ev: ToolResultEvent) -> None:
                 rec.ledger.book(attempt, ONE_TOOL_CALL)
     unknown = status == "unknown" or (ev.looked_up and status == "absent")
     if unknown and spec is not None and spec.kind is ToolKind.WRITE:
-        resolve_unknown(turn, op, spec, ev.looked_up)
+        resolve_unknown(draft, op, spec, ev.looked_up)
         return
-    _settle_tool(turn, op, ev)
+    _settle_tool(draft, op, ev)
     eligible = op.eligible and op.epoch == rec.control_epoch
     op.eligible = False
     if not eligible or rec.state is not S.WAITING_TOOL:
-        turn.note = f"{ev.call_id} settled; not staged (no longer eligible)"
+        draft.note = f"{ev.call_id} settled; not staged (no longer eligible)"
         return
-    _stage(turn, op, spec, result)
-    if op.plan_step is not None and shapes.executes_plans(turn):
-        if shapes.triggered(turn, result):
-            shapes.reenter_planner(turn, result)
+    _stage(draft, op, spec, result)
+    if op.plan_step is not None and shapes.executes_plans(draft):
+        if shapes.triggered(draft, result):
+            shapes.reenter_planner(draft, result)
         else:
-            shapes.advance(turn)
+            shapes.advance(draft)
         return
-    waits.after_result(turn)
+    waits.after_result(draft)
 
 
-def _settle_tool(turn: Turn, op: Operation, ev: ToolResultEvent) -> None:
+def _settle_tool(draft: Draft, op: Operation, ev: ToolResultEvent) -> None:
     """Evidence settles every open attempt of the operation; billing evidence sets dollars."""
-    led = turn.rec.ledger
+    led = draft.rec.ledger
     for attempt in op.attempts:
         if attempt not in led.reservations:
             continue
@@ -108,13 +108,13 @@ def _settle_tool(turn: Turn, op: Operation, ev: ToolResultEvent) -> None:
     )
 
 
-def _stage(turn: Turn, op: Operation, spec: ToolSpec | None, result: dict[str, Any]) -> None:
+def _stage(draft: Draft, op: Operation, spec: ToolSpec | None, result: dict[str, Any]) -> None:
     """Fold an eligible result into facts, plan statuses and the next view."""
-    rec = turn.rec
+    rec = draft.rec
     status, code = result.get("status"), result.get("code")
-    step = turn.own_step(op.plan_step)
+    step = draft.own_step(op.plan_step)
     if status == "ok":
-        turn.clear_error_streak()
+        draft.clear_error_streak()
         if step is not None:
             step.status = StepStatus.DONE
         if spec is not None and spec.fact_fields:
@@ -122,33 +122,33 @@ def _stage(turn: Turn, op: Operation, spec: ToolSpec | None, result: dict[str, A
             for name in spec.fact_fields:
                 if name in result:
                     rec.facts[f"{prefix}.{name}" if prefix else name] = result[name]
-        turn.observe(
-            bound_result(result, op.call_id, turn.ctx.agent.max_result_tokens, turn.ctx.estimator)
+        draft.observe(
+            bound_result(result, op.call_id, draft.ctx.agent.max_result_tokens, draft.ctx.estimator)
         )
         return
     if code in BUSINESS_ERRORS and step is not None:
         step.status = StepStatus.FAILED
-    turn.recoverable(
+    draft.recoverable(
         str(code or status),
-        bound_result(result, op.call_id, turn.ctx.agent.max_result_tokens, turn.ctx.estimator),
+        bound_result(result, op.call_id, draft.ctx.agent.max_result_tokens, draft.ctx.estimator),
     )
 
 
-def resolve_unknown(turn: Turn, op: Operation, spec: ToolSpec, looked_up: bool = False) -> None:
+def resolve_unknown(draft: Draft, op: Operation, spec: ToolSpec, looked_up: bool = False) -> None:
     """A call whose outcome is unknown: a write is resolved as its tool declares, never
     blindly; a read (no effect to duplicate) is simply sent again under the same key."""
-    rec = turn.rec
+    rec = draft.rec
     op.status = OpStatus.UNKNOWN  # the reservation stays until evidence settles it
     time_left = rec.active_s < rec.budget.deadline_s
     rule = spec.on_unknown if spec.kind is ToolKind.WRITE else OnUnknown.RESEND
     if rule is OnUnknown.STOP or not time_left:
-        turn.stop(StopReason.UNKNOWN_OUTCOME, f"{spec.name} under key {op.idempotency_key}")
+        draft.stop(StopReason.UNKNOWN_OUTCOME, f"{spec.name} under key {op.idempotency_key}")
         return
     attempt = f"{op.call_id}/a{len(op.attempts) + 1}"
     timeout = round(rec.budget.deadline_s - rec.active_s, 6)
     if rule is OnUnknown.LOOKUP and not looked_up:
         op.attempts.append(attempt)
-        turn.commands.append(
+        draft.commands.append(
             LookupEffect(
                 call_id=op.call_id,
                 attempt_id=attempt,
@@ -162,12 +162,12 @@ def resolve_unknown(turn: Turn, op: Operation, spec: ToolSpec, looked_up: bool =
     try:
         rec.ledger.admit(attempt, tool_call_liability(spec.liability or ZERO))
     except AdmissionRefused as refused:
-        turn.stop(MISFIT_STOP[Dimension(refused.dimension)])
+        draft.stop(MISFIT_STOP[Dimension(refused.dimension)])
         return
     op.attempts.append(attempt)
     op.status = OpStatus.REGISTERED
     rec.tool_dispatches += 1
-    turn.commands.append(
+    draft.commands.append(
         DispatchTool(
             call_id=op.call_id,
             attempt_id=attempt,

@@ -15,18 +15,19 @@ import re
 from typing import Any
 
 from kernel.agent import LoopShape
+from kernel.context import Draft
+from kernel.dispatch import Call, dispatch
 from kernel.lifecycle import Cause
 from kernel.record import OpKind, StepStatus, TrajectoryRecord
 from kernel.states import LifecycleState
-from kernel.step import Turn
 
 REF = re.compile(r"^#(E\d+)(?:\.(\w+))?$")
 EXECUTING = frozenset({LoopShape.REWOO, LoopShape.PLAN_EXECUTE})
 
 
-def executes_plans(turn: Turn) -> bool:
+def executes_plans(draft: Draft) -> bool:
     """True when the agent's loop shape runs plans without the model."""
-    return turn.ctx.agent.loop in EXECUTING
+    return draft.ctx.agent.loop in EXECUTING
 
 
 def references(args: Any) -> set[str]:
@@ -80,11 +81,9 @@ def _resolve(value: Any, results: dict[str, dict[str, Any]]) -> Any:
     return value
 
 
-def advance(turn: Turn) -> None:
+def advance(draft: Draft) -> None:
     """Run the plan's next steps whose references resolved; end the wait when none remain."""
-    from kernel.fold import Call, dispatch
-
-    rec, catalog = turn.rec, turn.ctx.agent.catalog
+    rec, catalog = draft.rec, draft.ctx.agent.catalog
     results = _results(rec)
     busy = {
         op.plan_step
@@ -94,7 +93,7 @@ def advance(turn: Turn) -> None:
     done = {s.id for s in rec.plan if s.status is StepStatus.DONE}
     failed = {s.id for s in rec.plan if s.status is StepStatus.FAILED}
     ready: list[Call] = []
-    for step in turn.own_plan():
+    for step in draft.own_plan():
         if step.status is not StepStatus.PENDING or step.id in busy or step.id in results:
             continue
         needs = set(step.depends_on) | references(step.args)
@@ -109,11 +108,11 @@ def advance(turn: Turn) -> None:
         clean, why = spec.validate_args(args) if spec else (None, f"unknown tool {step.tool}")
         if clean is None or spec is None:
             step.status = StepStatus.FAILED
-            turn.observe({"status": "error", "code": "schema_violation", "detail": why})
+            draft.observe({"status": "error", "code": "schema_violation", "detail": why})
             continue
         if spec.needs_approval(clean):
             step.status = StepStatus.FAILED
-            turn.observe(
+            draft.observe(
                 {
                     "status": "error",
                     "code": "needs_review",
@@ -126,26 +125,26 @@ def advance(turn: Turn) -> None:
     waiting = any(op.kind is OpKind.TOOL and op.eligible for op in rec.operations.values())
     if ready:
         in_wait = rec.state is LifecycleState.WAITING_TOOL
-        dispatch(turn, ready[: rec.budget.max_fanout], None if in_wait else Cause.REPLY_TOOLS)
+        dispatch(draft, ready[: rec.budget.max_fanout], None if in_wait else Cause.REPLY_TOOLS)
     elif not waiting:
         in_wait = rec.state is LifecycleState.WAITING_TOOL
-        turn.end_turn(Cause.WAIT_SATISFIED if in_wait else Cause.REPLY_OBSERVE)
+        draft.end_turn(Cause.WAIT_SATISFIED if in_wait else Cause.REPLY_OBSERVE)
 
 
-def triggered(turn: Turn, result: dict[str, Any]) -> bool:
+def triggered(draft: Draft, result: dict[str, Any]) -> bool:
     """Plan-execute-replan's re-entry trigger, decided in code: an error, or an empty result."""
-    if turn.ctx.agent.loop is not LoopShape.PLAN_EXECUTE:
+    if draft.ctx.agent.loop is not LoopShape.PLAN_EXECUTE:
         return False
     if result.get("status") != "ok":
         return True
     return not any(k not in ("status", "attempt") for k in result)
 
 
-def reenter_planner(turn: Turn, result: dict[str, Any]) -> None:
+def reenter_planner(draft: Draft, result: dict[str, Any]) -> None:
     """Stop executing the plan and return to the model with what broke the assumption."""
-    rec = turn.rec
+    rec = draft.rec
     for op in rec.operations.values():  # later steps' results no longer belong to this plan
         if op.kind is OpKind.TOOL and op.eligible:
             op.eligible = False
-    turn.observe({"status": "error", "code": "replan", "cause": result})
-    turn.end_turn(Cause.WAIT_SATISFIED)
+    draft.observe({"status": "error", "code": "replan", "cause": result})
+    draft.end_turn(Cause.WAIT_SATISFIED)

@@ -12,12 +12,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-if TYPE_CHECKING:
-    from kernel.record import Grants
+from kernel.record import Grants
 
 
 class ToolKind(StrEnum):

@@ -9,53 +9,53 @@ each keeps its reservation and owner until evidence settles it.
 from __future__ import annotations
 
 from kernel.agent import WaitKind
+from kernel.context import Draft
 from kernel.lifecycle import Cause
 from kernel.record import Operation, OpKind
 from kernel.states import LifecycleState
-from kernel.step import Turn
 
 
-def open_batch(turn: Turn) -> list[Operation]:
+def open_batch(draft: Draft) -> list[Operation]:
     """Tool calls of the current wait whose results are still expected."""
-    return [op for op in turn.rec.operations.values() if op.kind is OpKind.TOOL and op.eligible]
+    return [op for op in draft.rec.operations.values() if op.kind is OpKind.TOOL and op.eligible]
 
 
-def _withdraw(turn: Turn, missing: list[Operation], code: str) -> None:
-    rec = turn.rec
+def _withdraw(draft: Draft, missing: list[Operation], code: str) -> None:
+    rec = draft.rec
     for op in missing:
         op.eligible = False
     rec.control_epoch += 1
     ids = sorted(op.call_id for op in missing)
-    turn.observe({"status": "partial", "code": code, "missing": ids, "last": rec.last_observation})
+    draft.observe({"status": "partial", "code": code, "missing": ids, "last": rec.last_observation})
 
 
-def after_result(turn: Turn) -> None:
+def after_result(draft: Draft) -> None:
     """Apply the wait policy after an eligible result was staged."""
-    rec, policy = turn.rec, turn.ctx.agent.wait
-    missing = open_batch(turn)
+    rec, policy = draft.rec, draft.ctx.agent.wait
+    missing = open_batch(draft)
     if not missing:
         rec.wait_deadline = None
-        turn.end_turn(Cause.WAIT_SATISFIED)
+        draft.end_turn(Cause.WAIT_SATISFIED)
         return
-    if policy.kind is WaitKind.PARTIAL and arrived(turn) >= policy.min_results:
-        _withdraw(turn, missing, "partial_results")
+    if policy.kind is WaitKind.PARTIAL and arrived(draft) >= policy.min_results:
+        _withdraw(draft, missing, "partial_results")
         rec.wait_deadline = None
-        turn.end_turn(Cause.WAIT_SATISFIED)
+        draft.end_turn(Cause.WAIT_SATISFIED)
 
 
-def on_deadline(turn: Turn) -> None:
+def on_deadline(draft: Draft) -> None:
     """The wait's deadline passed: stop waiting; what is missing stays owed, not refunded."""
-    rec = turn.rec
+    rec = draft.rec
     if rec.state is not LifecycleState.WAITING_TOOL:
         return
-    _withdraw(turn, open_batch(turn), "wait_deadline")
+    _withdraw(draft, open_batch(draft), "wait_deadline")
     rec.wait_deadline = None
-    turn.end_turn(Cause.WITHDRAWN)
+    draft.end_turn(Cause.WITHDRAWN)
 
 
-def arrived(turn: Turn) -> int:
+def arrived(draft: Draft) -> int:
     """Results of this turn's batch that have arrived (settled evidence, current epoch)."""
-    rec = turn.rec
+    rec = draft.rec
     return sum(
         1
         for op in rec.operations.values()

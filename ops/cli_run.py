@@ -10,9 +10,9 @@ import uuid
 import typer
 from rich.console import Console
 
+from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
-from kernel.step import KernelContext
 from ops.report import summary, table
 from store.sqlite import SqliteStore
 from worker.agents import load_agent

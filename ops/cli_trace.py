@@ -11,10 +11,10 @@ import typer
 from rich.console import Console
 
 from kernel.chain import ChainRow
+from kernel.context import KernelContext
 from kernel.errors import InvalidInput, SnapshotNotFound
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
-from kernel.step import KernelContext
 from kernel.trace import postmortem, render_tree, spans_from_chain
 from ops.report import summary
 from store.sqlite import SqliteStore

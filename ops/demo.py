@@ -17,8 +17,8 @@ from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy, new_ids
 from kernel.budget import Budget
+from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
-from kernel.step import KernelContext
 from kernel.tools import OnUnknown
 from ops.report import summary, table
 from worker.embedded import EmbeddedRunner

@@ -6,7 +6,7 @@ settings) builds :class:`Metrics` (which builds its own
 and hands the object as the observer to the router's service and dispatch loop and to the
 worker's turn runner: it satisfies :class:`router.observe.RouterObserver` and
 :class:`worker.turn.TurnObserver` structurally, so neither imports this module. Observers take
-domain values (a tenant and a charge, a kernel :class:`~kernel.step.StepResult`, the admitter's
+domain values (a tenant and a charge, a kernel :class:`~kernel.context.StepResult`, the admitter's
 :class:`~router.fairness.FairnessFigures`), so the loops never name a metric: metrics are a
 middleware, not code sprinkled through the loop.
 
@@ -42,12 +42,12 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from kernel.chain import ChainRow, RowKind
+from kernel.context import StepResult
 from kernel.errors import ConcurrentModification, ConfigError
 from kernel.events import ReplyStatus
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import StopReason
-from kernel.step import StepResult
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.membership import MemberRecord

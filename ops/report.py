@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kernel.record import TrajectoryRecord
+from kernel.record import ApprovalStatus, TrajectoryRecord
 
 
 def summary(rec: TrajectoryRecord, effects: list[Any] | None = None) -> dict[str, Any]:
@@ -26,7 +26,9 @@ def summary(rec: TrajectoryRecord, effects: list[Any] | None = None) -> dict[str
         "active_s": rec.active_s,
         "effects": effects if effects is not None else [],
         "closing_message": rec.closing_message,
-        "held_approval": rec.held.approval_id if rec.held and rec.held.status == "held" else None,
+        "held_approval": rec.held.approval_id
+        if rec.held and rec.held.status is ApprovalStatus.HELD
+        else None,
     }
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
+from kernel.context import StepResult
 from kernel.errors import ConcurrentModification
 from kernel.record import TrajectoryRecord
-from kernel.step import StepResult
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.membership import MemberRecord

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kernel.context import StepResult
 from kernel.errors import (
     ConcurrentModification,
     InvalidInput,
@@ -54,7 +55,7 @@ from kernel.events import (
 from kernel.record import ControlKind, TrajectoryRecord
 from kernel.render import estimate_tokens, render
 from kernel.states import LifecycleState
-from kernel.step import StepResult, step
+from kernel.step import step
 from router.admission import AdmissionQueue
 from router.admitter import Admitter
 from router.dispatch import Sender, placement_key

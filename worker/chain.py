@@ -43,11 +43,12 @@ from typing import Any
 
 import redis
 
+from kernel.context import KernelContext, StepResult
 from kernel.errors import ConcurrentModification, ReinsError, StoreError
 from kernel.events import Admit
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
-from kernel.step import KernelContext, StepResult, step
+from kernel.step import step
 from router.claims import Claim
 from router.feed import Feed, Notice, TurnMessage, worker_commands
 from router.observe import CommitObserver, commit

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kernel.chain import ChainRow
+from kernel.context import KernelContext, StepResult
 from kernel.events import (
     Admit,
     ApprovalDecided,
@@ -29,7 +30,7 @@ from kernel.events import (
 )
 from kernel.fastmodel import construct
 from kernel.record import TrajectoryRecord
-from kernel.step import KernelContext, StepResult, step
+from kernel.step import step
 from worker.backend import ToolBackend, dispatch
 from worker.models import Model
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.agent import AgentProfile
+from kernel.context import KernelContext
 from kernel.errors import UnknownAgent
 from kernel.events import ReplyStatus
-from kernel.step import KernelContext
 from kernel.tools import ToolSpec
 from worker.agents import AgentModule, load_agent, resolve
 from worker.backend import ToolBackend

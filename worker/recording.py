@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.chain import ChainRow
+from kernel.context import KernelContext
 from kernel.events import ApprovalDecided, ControlRequested, Tick
 from kernel.record import TrajectoryRecord
-from kernel.step import KernelContext
 from worker.backend import ToolBackend
 from worker.embedded import Clock, Commit, EmbeddedRunner, RunResult
 from worker.models import Model, ModelReply

@@ -10,9 +10,9 @@ same key, or asks the backend for that key's outcome, as each tool declares.
 from __future__ import annotations
 
 from kernel.chain import ChainRow
+from kernel.context import KernelContext
 from kernel.events import Event, Recover
 from kernel.record import TrajectoryRecord
-from kernel.step import KernelContext
 from store.base import TrajectoryStore
 from worker.backend import ToolBackend
 from worker.embedded import Clock, Commit, EmbeddedRunner, RunResult

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from kernel.context import KernelContext, StepResult
 from kernel.errors import (
     ConcurrentModification,
     ControlFlow,
@@ -74,7 +75,8 @@ from kernel.events import (
 )
 from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState
-from kernel.step import KernelContext, StepResult, step
+from kernel.step import step
+from kernel.tools import ToolKind
 from router.feed import (
     CancelListener,
     Feed,
@@ -402,7 +404,7 @@ class TurnRunner:
             log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
             result, secs = {"status": "unknown", "code": "backend_error"}, 0.0
             spec = self.tools.agents.get(rec.agent)[0].profile.catalog.get(cmd.tool)
-            if spec is not None and spec.kind.value == "read":
+            if spec is not None and spec.kind is ToolKind.READ:
                 result = {"status": "error", "code": "backend_error"}
         return ToolResulted(
             now=self.clock(),

@@ -49,7 +49,7 @@ from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.state import MemoryState
 from kernel.budget import Budget
 from kernel.settings import Settings
-from kernel.states import TERMINAL
+from kernel.states import TERMINAL, StopReason
 from ops.fleet_local import LocalFleet, process_cpu_s, wait_for
 from router.feed import Feed
 from router.service import SEND_BURST, RouterOptions, RouterService
@@ -295,7 +295,7 @@ def _phase(
         "p99_start_ms": _quantile(delays, 0.99),
         "p50_start_ms": _quantile(delays, 0.50),
         "unfinished": sum(
-            1 for r in records if r.stop_reason is None or r.stop_reason.value != "done"
+            1 for r in records if r.stop_reason is None or r.stop_reason is not StopReason.DONE
         ),
     }
 

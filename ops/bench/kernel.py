@@ -21,9 +21,9 @@ from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import PLAN, RefundPolicy
 from kernel.chain import ChainRow
+from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
-from kernel.step import KernelContext
 from store.memory import MemoryStore
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel

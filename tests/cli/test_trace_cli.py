@@ -8,7 +8,7 @@ from pathlib import Path
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import same_call
-from kernel.step import KernelContext
+from kernel.context import KernelContext
 from tests.cli.test_run_cli import reins
 from tests.kernel.harness import new_record
 from worker.models import ScriptedModel

@@ -18,9 +18,9 @@ from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy
 from examples.support_store.state import RedisState
 from kernel.budget import Budget
+from kernel.context import KernelContext
 from kernel.record import OpKind
 from kernel.states import LifecycleState, StopReason
-from kernel.step import KernelContext
 from kernel.tools import OnUnknown
 from store.redis_store import RedisStore
 from worker.models import ScriptedModel

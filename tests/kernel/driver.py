@@ -7,6 +7,7 @@ from typing import Any
 from examples.support_store import make_agent
 from kernel.amounts import Usage
 from kernel.budget import Budget
+from kernel.context import KernelContext, StepResult
 from kernel.events import (
     Admit,
     ApprovalDecided,
@@ -22,7 +23,7 @@ from kernel.events import (
     ToolResulted,
 )
 from kernel.record import ControlKind, TrajectoryRecord
-from kernel.step import KernelContext, StepResult, step
+from kernel.step import step
 from tests.kernel.harness import new_record
 
 PLAN = {

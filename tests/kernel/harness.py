@@ -8,8 +8,8 @@ from typing import Any
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from kernel.budget import Budget
+from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
-from kernel.step import KernelContext
 from kernel.tools import OnUnknown
 from worker.embedded import EmbeddedRunner, RunResult
 from worker.models import PolicyFn, ScriptedModel

@@ -16,10 +16,10 @@ from examples.support_store.policies import RefundPolicy
 from kernel.agent import Escalation
 from kernel.budget import Budget
 from kernel.chain import ChainRow
+from kernel.context import KernelContext, StepResult
 from kernel.events import Admit, CallModel, DispatchTool, Event, ReplyStatus, ToolProgress
 from kernel.record import ControlKind, OpStatus, StepStatus, TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
-from kernel.step import KernelContext, StepResult
 from store.memory import MemoryStore
 from tests.kernel.driver import PLAN, READ, Driver
 from tests.kernel.harness import new_record

@@ -7,9 +7,10 @@ import random
 import pytest
 
 import worker.embedded as embedded
+from kernel.context import KernelContext, StepResult
 from kernel.events import Event
 from kernel.record import TrajectoryRecord
-from kernel.step import KernelContext, StepResult, step
+from kernel.step import step
 from tests.kernel.harness import go
 from tests.kernel.random_models import random_backend, random_budget, random_policy, random_rule
 

@@ -10,9 +10,9 @@ from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy, new_ids, same_call, search_loop
 from kernel.budget import Budget
+from kernel.context import KernelContext
 from kernel.events import ApprovalDecided
 from kernel.states import StopReason
-from kernel.step import KernelContext
 from tests.kernel.harness import new_record
 from worker.models import ModelReply, ScriptedModel
 from worker.recording import ModelInput, Recording, RecordingRunner, replay

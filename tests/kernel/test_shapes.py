@@ -8,8 +8,8 @@ from examples.support_store.policies import ReplanningRefund, RewooRefund
 from kernel.agent import LoopShape
 from kernel.budget import Budget
 from kernel.chain import RowKind
+from kernel.context import KernelContext
 from kernel.states import StopReason
-from kernel.step import KernelContext
 from tests.kernel.harness import new_record
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel

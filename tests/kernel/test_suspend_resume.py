@@ -11,10 +11,10 @@ from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy
 from kernel.chain import ChainRow
+from kernel.context import KernelContext
 from kernel.errors import ConcurrentModification
 from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
-from kernel.step import KernelContext
 from store.base import TrajectoryStore
 from store.memory import MemoryStore
 from store.sqlite import SqliteStore

@@ -15,9 +15,9 @@ from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy
 from kernel.budget import Budget
 from kernel.chain import ChainRow
+from kernel.context import KernelContext
 from kernel.errors import ConcurrentModification
 from kernel.record import TrajectoryRecord
-from kernel.step import KernelContext
 from ops.metrics import Metrics, provider_of
 from router.admitter import Admitter
 from router.membership import MemberRecord

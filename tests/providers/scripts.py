@@ -8,10 +8,11 @@ from typing import Any
 
 from examples.support_store import make_agent
 from kernel.budget import Budget
+from kernel.context import KernelContext, StepResult
 from kernel.events import Admit, CallModel, Command, DispatchTool, Event
 from kernel.record import TrajectoryRecord
 from kernel.render import estimate_tokens
-from kernel.step import KernelContext, StepResult, step
+from kernel.step import step
 from tests.kernel.harness import new_record
 from tests.providers.fake_openai import Reply, Script
 from worker.models import ModelReply, PolicyFn

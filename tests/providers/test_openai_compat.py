@@ -19,9 +19,9 @@ from examples.support_store import PRICE, make_agent
 from examples.support_store.backend import SupportStoreBackend
 from kernel.amounts import Usage, model_call_charge
 from kernel.budget import Budget
+from kernel.context import KernelContext
 from kernel.events import ReplyStatus
 from kernel.states import LifecycleState, StopReason
-from kernel.step import KernelContext
 from tests.kernel.harness import new_record
 from tests.providers.conftest import Serve
 from tests.providers.fake_openai import Reply

@@ -13,8 +13,8 @@ from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy
 from kernel.agent import ModelRef
 from kernel.budget import Budget
+from kernel.context import KernelContext
 from kernel.events import ReplyStatus
-from kernel.step import KernelContext
 from tests.kernel.harness import GOAL, new_record
 from tests.providers.conftest import Serve
 from tests.providers.fake_openai import Reply

@@ -9,10 +9,11 @@ import redis
 
 from examples.support_store import make_agent
 from kernel.budget import Budget
+from kernel.context import KernelContext
 from kernel.errors import ClaimLapsed, ConfigError, StaleNomination, SubmissionRefused
 from kernel.events import Admit
 from kernel.states import LifecycleState
-from kernel.step import KernelContext, step
+from kernel.step import step
 from router.admitter import Admitter
 from router.drr import ReadyCall
 from router.gates import Feedback, GateConfig, MemoryGates

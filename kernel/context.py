@@ -1,0 +1,228 @@
+"""The working copy of one step, and what the kernel is given and gives back.
+
+A handler of :func:`kernel.step.step` receives a :class:`Draft`: a private copy of the record
+to change, plus the commands and chain rows the step emits. The draft's helpers are the moves
+every handler shares: take an edge of the lifecycle table, append to the chain, end the turn,
+stop the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel.agent import AgentProfile
+from kernel.amounts import Dimension
+from kernel.chain import ChainRow, RowKind
+from kernel.closing import closing_message
+from kernel.errors import IllegalTransition
+from kernel.events import Command, Enqueue, Finish
+from kernel.fastmodel import construct, shallow_copy
+from kernel.lifecycle import Cause, Decision, transition
+from kernel.progress import signature
+from kernel.record import (
+    ControlKind,
+    ErrorStreak,
+    OpStatus,
+    PlanStep,
+    SettlementOwner,
+    TrajectoryRecord,
+)
+from kernel.render import Estimator, estimate_tokens
+from kernel.states import LIVE, LifecycleState, StopReason, terminal_state_for
+from kernel.tools import ToolSpec
+
+S = LifecycleState
+
+#: The stop for a call the budget cannot fit, by the dimension that refused it.
+MISFIT_STOP = {
+    Dimension.STEPS: StopReason.MAX_STEPS,
+    Dimension.TOOL_CALLS: StopReason.MAX_TOOL_CALLS,
+    Dimension.TOKENS: StopReason.MAX_TOKENS,
+    Dimension.DOLLARS: StopReason.MAX_COST,
+}
+ENQUEUE = Enqueue()  # commands are frozen values: one serves every turn that ends READY
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """What the kernel is given rather than reaching for: the agent and the estimator."""
+
+    agent: AgentProfile
+    estimator: Estimator = estimate_tokens
+    # A local capacity gate for tools (sandbox slots, memory): (record, spec, args) -> fits.
+    # An approved action that does not fit stays held; [quota] plugs its gates in here.
+    capacity: Callable[[TrajectoryRecord, ToolSpec, dict[str, Any]], bool] | None = None
+
+
+@dataclass
+class StepResult:
+    """The outcome of one step: the new record, commands to carry out, chain rows to append."""
+
+    record: TrajectoryRecord
+    commands: list[Command] = field(default_factory=list)
+    rows: list[ChainRow] = field(default_factory=list)
+    quarantined: IllegalTransition | None = None  # a reply kept only as diagnostics
+    note: str | None = None  # why nothing happened (duplicate, not admitted, ...)
+    ack: dict[str, Any] | None = None  # a control request's milestones (received, stopped...)
+
+
+class Draft:
+    """The working copy of one step: a private copy of the record, and what the step emits."""
+
+    __slots__ = (
+        "_owned_steps",
+        "_plan_owned",
+        "ack",
+        "commands",
+        "ctx",
+        "note",
+        "now",
+        "quarantined",
+        "rec",
+        "rows",
+    )
+
+    def __init__(self, rec: TrajectoryRecord, ctx: KernelContext, now: float) -> None:
+        self.rec = rec.clone()
+        self.ctx = ctx
+        self.now = now
+        self.commands: list[Command] = []
+        self.rows: list[dict[str, Any]] = []  # chain rows, completed in result()
+        self.quarantined: IllegalTransition | None = None
+        self.note: str | None = None
+        self.ack: dict[str, Any] | None = None
+        self._plan_owned = False
+        self._owned_steps: set[str] = set()  # plan steps copied one by one (``own_step``)
+
+    # --- small helpers used by every handler -------------------------------------------
+
+    def decide(self, cause: Cause, stop: StopReason | None = None) -> Decision:
+        """A decision on the current version of the working copy."""
+        tid, version = self.rec.trajectory_id, self.rec.record_version
+        return Decision(f"{tid}/v{version}/{cause.value}", version, cause, stop)
+
+    def move(self, target: S, cause: Cause, stop: StopReason | None = None) -> None:
+        """Take one edge of the lifecycle table (raises if the table or a guard refuses)."""
+        transition(self.rec, target, self.decide(cause, stop), self.now)
+
+    def row(self, kind: RowKind, **fields: Any) -> None:
+        """Append one row to the execution chain (built in :meth:`result`, with the version
+        the step commits at)."""
+        rec = self.rec
+        self.rows.append(
+            {
+                "trajectory_id": rec.trajectory_id,
+                "tenant": rec.tenant,
+                "user": rec.user,
+                "index": rec.chain_length,
+                "step": rec.turn,
+                "kind": kind,
+                "at": self.now,
+                **fields,
+            }
+        )
+        rec.chain_length += 1
+
+    def spend_time(self, seconds: float) -> None:
+        """Active time: model and tool latency, never beyond the deadline."""
+        rec = self.rec
+        rec.active_s = round(min(rec.active_s + seconds, rec.budget.deadline_s), 6)
+
+    def observe(self, observation: dict[str, Any]) -> None:
+        """Stage an observation for the next view."""
+        self.rec.last_observation = observation
+
+    def recoverable(self, kind: str, observation: dict[str, Any]) -> None:
+        """A recoverable error: fed back as an observation and counted while it repeats."""
+        streak = self.rec.error_streak
+        count = streak.count + 1 if streak.kind == kind else 1
+        self.rec.error_streak = construct(ErrorStreak, kind=kind, count=count)  # replaced, shared
+        self.observe(observation)
+
+    def clear_error_streak(self) -> None:
+        """A step without a recoverable error ends the streak."""
+        streak = self.rec.error_streak
+        if streak.kind is not None or streak.count:
+            self.rec.error_streak = construct(ErrorStreak)
+
+    def own_plan(self) -> list[PlanStep]:
+        """The plan, with steps this turn may change (the clone shares them with its input)."""
+        if not self._plan_owned:
+            owned = self._owned_steps
+            self.rec.plan = [s if s.id in owned else shallow_copy(s) for s in self.rec.plan]
+            self._plan_owned = True
+        return self.rec.plan
+
+    def own_step(self, step_id: str | None) -> PlanStep | None:
+        """The plan step ``step_id`` (None if the plan has none), which this turn may change:
+        only that step is copied, the first time it is asked for."""
+        plan = self.rec.plan
+        for i, step in enumerate(plan):
+            if step.id != step_id:
+                continue
+            if self._plan_owned or step_id in self._owned_steps:
+                return step
+            if not self._owned_steps:
+                plan = self.rec.plan = list(plan)  # the clone shares the list too
+            step = plan[i] = shallow_copy(step)
+            self._owned_steps.add(step_id)
+            return step
+        return None
+
+    def result(self) -> StepResult:
+        """Package the outcome; the chain rows carry the version they are committed with."""
+        version = self.rec.record_version
+        rows = [construct(ChainRow, record_version=version, **r) for r in self.rows]
+        return StepResult(self.rec, self.commands, rows, self.quarantined, self.note, self.ack)
+
+    # --- ending a turn and ending the run ------------------------------------------------
+
+    def end_turn(self, cause: Cause) -> None:
+        """Back to READY; then the progress check decides between the queue and a stop."""
+        rec = self.rec
+        self.move(S.READY, cause)
+        rec.wait_deadline = None
+        rec.stalls = 0 if signature(rec) != rec.turn_signature else rec.stalls + 1
+        if rec.stalls >= rec.budget.max_stalls:
+            self.stop(StopReason.NO_PROGRESS)
+        elif rec.error_streak.count >= rec.budget.max_same_error:
+            self.stop(StopReason.FAILED, f"{rec.error_streak.kind} {rec.error_streak.count} times")
+        elif rec.pending_control is not None:
+            self.carry_out_hold()
+        else:
+            self.commands.append(ENQUEUE)
+
+    def stop(self, reason: StopReason, detail: str | None = None) -> None:
+        """Every exit: FINALIZING, hand off what is still owed, the message, the terminal."""
+        rec = self.rec
+        if rec.state in LIVE:
+            self.move(S.FINALIZING, Cause.STOP, reason)
+        elif rec.state is not S.FINALIZING:
+            raise IllegalTransition(rec.state.value, S.FINALIZING.value, "stop", "already ended")
+        rec.stop_reason = rec.stop_reason or reason
+        for op in rec.operations.values():
+            if op.open and op.settlement_owner is SettlementOwner.KERNEL:
+                # Settlement rule: the reservation stays; a named owner takes the obligation.
+                op.settlement_owner = SettlementOwner.RECONCILER
+                op.status = OpStatus.HANDED_OFF if op.status is OpStatus.REGISTERED else op.status
+        message = closing_message(rec, self.ctx.agent.catalog, rec.stop_reason)
+        rec.closing_message = message
+        self.row(RowKind.STOP, outcome=rec.stop_reason.value, error=detail)
+        target = terminal_state_for(rec.stop_reason)
+        self.move(target, Cause.FINISH)
+        self.commands.append(construct(Finish, state=target, stop=rec.stop_reason, message=message))
+
+    def carry_out_hold(self) -> None:
+        """Carry out the pending control hold on a trajectory that is (now) READY."""
+        rec = self.rec
+        pc = rec.pending_control
+        if pc is None:
+            return
+        if pc.kind is ControlKind.PAUSE:
+            if rec.state is S.READY:
+                self.move(S.PAUSED, Cause.PAUSE)
+        elif pc.kind in (ControlKind.CANCEL, ControlKind.KILL):
+            rec.pending_control = None
+            self.stop(StopReason.CANCELED if pc.kind is ControlKind.CANCEL else StopReason.KILLED)

@@ -1,0 +1,117 @@
+"""Tool calls sent: registered and reserved first, then dispatched, under one key per effect.
+
+The shared path of a model's tool proposal, an approved held action and a plan's next steps
+(:mod:`kernel.shapes`): a batch that does not fit the budget registers nothing and ends the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernel.amounts import NOTHING, ZERO, Dimension, tool_call_liability
+from kernel.context import MISFIT_STOP, Draft
+from kernel.errors import AdmissionRefused
+from kernel.events import DispatchTool
+from kernel.fastmodel import construct
+from kernel.lifecycle import Cause, transition
+from kernel.record import Operation, OpKind
+from kernel.states import LifecycleState
+from kernel.tools import ToolSpec
+
+S = LifecycleState
+
+#: One call to send: the tool, its validated arguments, and the plan step it carries out.
+Call = tuple[ToolSpec, dict[str, Any], str | None]
+
+
+def call_key(draft: Draft, plan_step: str | None, index: int) -> str:
+    """One key per logical step: a repeated plan step is the same effect, not a new one."""
+    rec = draft.rec
+    if plan_step is not None:
+        return f"{rec.trajectory_id}:{plan_step}"
+    suffix = f".{index}" if index else ""
+    return f"{rec.trajectory_id}:adhoc{rec.turn}{suffix}"
+
+
+def refusal(approval_id: str, reason: str) -> dict[str, Any]:
+    """The observation a withheld action returns to the model (seed 004 section 10.7.2)."""
+    return {
+        "approval_id": approval_id,
+        "status": "REFUSED",
+        "reason": reason,
+        "dispatch_status": "not_sent",
+    }
+
+
+def dispatch(
+    draft: Draft,
+    calls: list[Call],
+    cause: Cause | None,
+    approval_digest: str | None = None,
+    keys: list[str] | None = None,
+) -> None:
+    """Register and reserve every call, take the edge to WAITING_TOOL (or stay there when
+    ``cause`` is None: a plan's next steps), then emit the dispatches. A batch that does not
+    fit the budget registers nothing and ends the run with the matching stop.
+    """
+    rec = draft.rec
+    planned: list[Operation] = []
+    tool_ops = sum(1 for op in rec.operations.values() if op.kind is OpKind.TOOL)
+    for j, (spec, args, plan_step) in enumerate(calls):
+        call_id = f"{rec.trajectory_id}/t{tool_ops + j + 1}"
+        planned.append(
+            construct(
+                Operation,
+                op_id=call_id,
+                call_id=call_id,
+                kind=OpKind.TOOL,
+                attempts=[f"{call_id}/a1"],
+                idempotency_key=keys[j] if keys else call_key(draft, plan_step, j),
+                epoch=rec.control_epoch,
+                reservation=tool_call_liability(spec.liability or ZERO),
+                tool=spec.name,
+                args=args,
+                plan_step=plan_step,
+                turn=rec.turn,
+            )
+        )
+
+    def register(r: Any) -> None:
+        done: list[str] = []
+        try:
+            for op in planned:
+                r.ledger.admit(op.attempts[0], op.reservation)
+                done.append(op.attempts[0])
+        except AdmissionRefused:
+            for attempt in done:  # not sent: nothing left the process, so nothing is owed
+                r.ledger.book(attempt, NOTHING)
+            raise
+        for op in planned:
+            r.operations[op.op_id] = op
+        r.tool_dispatches += len(planned)
+
+    try:
+        if cause is None:
+            register(rec)
+        else:
+            transition(rec, S.WAITING_TOOL, draft.decide(cause), draft.now, admit=register)
+    except AdmissionRefused as refused:
+        draft.stop(MISFIT_STOP[Dimension(refused.dimension)])
+        return
+    wait_s = draft.ctx.agent.wait.deadline_s
+    if cause is not None and wait_s is not None:
+        rec.wait_deadline = draft.now + wait_s
+    timeout = round(rec.budget.deadline_s - rec.active_s, 6)
+    for op, (spec, _args, _step) in zip(planned, calls, strict=True):
+        draft.commands.append(
+            construct(
+                DispatchTool,
+                call_id=op.call_id,
+                attempt_id=op.attempts[0],
+                tool=spec.name,
+                args=op.args or {},
+                idempotency_key=op.idempotency_key,
+                timeout_s=min(spec.timeout_s, timeout),
+                approval_digest=approval_digest,
+            )
+        )
