@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
 from kernel.record import TrajectoryRecord
-from kernel.tools import Catalog
+from kernel.tools import Catalog, ToolBackend
 
 
 class LoopShape(StrEnum):
@@ -76,3 +77,17 @@ class AgentProfile:
     wait: WaitPolicy = field(default_factory=WaitPolicy)
     escalation: Escalation | None = None
     acceptance: Acceptance | None = None
+
+
+#: A scripted model's policy: (the view as data, the call's number) -> the reply.
+PolicyFn = Callable[[dict[str, Any], int], Any]
+
+
+@dataclass(frozen=True)
+class AgentModule:
+    """What a user's agent module declares: the profile, and how to build its tool backend
+    and its scripted model's policy for a goal."""
+
+    profile: AgentProfile
+    make_backend: Callable[[], ToolBackend]
+    make_policy: Callable[[str], PolicyFn]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -158,3 +158,28 @@ class DeclaredTool:
 
     spec: ToolSpec
     fn: Callable[..., Any]
+
+
+class ToolBackend(Protocol):
+    """Runs tool calls for one agent. Results are dicts with a ``status``; latency is reported.
+
+    Contract: a write under an idempotency key takes effect at most once; a repeated key
+    returns the stored result. A write that outlives its timeout may still take effect, and
+    then reports ``{"status": "unknown"}``.
+    """
+
+    def call(
+        self,
+        user: str,
+        tool: str,
+        args: dict[str, Any],
+        key: str,
+        timeout_s: float,
+        approval: str | None = None,
+    ) -> tuple[dict[str, Any], float]:
+        """Run one call; return (result, seconds spent)."""
+        ...
+
+    def lookup(self, tool: str, key: str) -> tuple[dict[str, Any], float]:
+        """Whether the effect of ``key`` happened: its stored result, or status ``absent``."""
+        ...

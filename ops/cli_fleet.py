@@ -17,9 +17,9 @@ from typing import Any
 import redis
 import typer
 
+from kernel.agent import AgentModule
 from kernel.settings import Settings
-from worker.agents import AgentModule
-from worker.backend import ToolBackend
+from kernel.tools import ToolBackend
 
 LOG_LEVEL = typer.Option("INFO", "--log-level", help="level of reins's own log lines")
 
@@ -48,9 +48,10 @@ def worker_cmd(
 ) -> None:
     """Run a fleet worker: consume this member's queue until SIGTERM (then drain)."""
     from ops.metrics import served
+    from router.agents import load_factory
     from router.tenants import AdmissionConfig
     from worker.fleet import WorkerOptions, configure_logging, run_worker
-    from worker.fleet_agents import ModelOverrides, load_factory
+    from worker.fleet_agents import ModelOverrides
 
     settings = _settings(worker_concurrency=concurrency, scripted_latency_s=model_latency_s)
     configure_logging(name, log_level)

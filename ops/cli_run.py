@@ -14,8 +14,8 @@ from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from ops.report import summary, table
+from router.agents import load_agent
 from store.sqlite import SqliteStore
-from worker.agents import load_agent
 from worker.providers import make_model, with_model
 from worker.recording import RecordingRunner
 from worker.resume import store_commit

@@ -17,8 +17,8 @@ from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.trace import postmortem, render_tree, spans_from_chain
 from ops.report import summary
+from router.agents import load_agent
 from store.sqlite import SqliteStore
-from worker.agents import load_agent
 from worker.recording import Recording, ReplayResult, replay
 
 console = Console()

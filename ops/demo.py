@@ -16,13 +16,14 @@ from rich.console import Console
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy, new_ids
+from kernel.agent import PolicyFn
 from kernel.budget import Budget
 from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.tools import OnUnknown
 from ops.report import summary, table
 from worker.embedded import EmbeddedRunner
-from worker.models import PolicyFn, ScriptedModel
+from worker.models import ScriptedModel
 
 
 @dataclass(frozen=True)

@@ -61,13 +61,13 @@ from kernel.states import LifecycleState, StopReason
 from kernel.step import step
 from router.admission import AdmissionQueue
 from router.admitter import FinalizeNow
+from router.agents import AgentCache
 from router.drr import Nomination, ReadyCall
 from router.feed import Feed, Notice, NoticeKind, TurnMessage, worker_commands
 from router.gates import GateConfig, GateReading, ProviderGates
 from router.observe import AdmissionObserver, commit, provider_of
 from router.ring import Ring
 from store.base import TrajectoryStore
-from worker.fleet_agents import AgentCache
 
 log = logging.getLogger("reins.router.dispatch")
 _T = TypeVar("_T")

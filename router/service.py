@@ -53,6 +53,8 @@ from kernel.errors import ConfigError, EmptyRing, ReinsError
 from kernel.settings import Settings
 from kernel.states import LifecycleState
 from router.admitter import Admitter
+from router.agents import AgentCache
+from router.broker import TaskPublisher, make_app
 from router.dispatch import Dispatcher, Sender, placement_key
 from router.feed import Feed, HandBackWhy, ready_notice, route_of
 from router.fifo import FifoAdmitter
@@ -67,8 +69,6 @@ from router.submit import RouterApi
 from router.tenants import AdmissionConfig
 from router.ticker import Ticker
 from store.redis_store import RedisStore, client_from_url
-from worker.celery_app import TaskPublisher, make_app
-from worker.fleet_agents import AgentCache
 
 log = logging.getLogger("reins.router")
 _LEASE = Path(__file__).with_name("admit_lease.lua")

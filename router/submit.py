@@ -58,6 +58,7 @@ from kernel.states import LifecycleState
 from kernel.step import step
 from router.admission import AdmissionQueue
 from router.admitter import Admitter
+from router.agents import AgentCache
 from router.dispatch import Sender, placement_key
 from router.feed import Feed, TurnMessage, ready_notice, route_of, worker_commands
 from router.gates import GateConfig
@@ -65,7 +66,6 @@ from router.observe import CommitObserver, commit
 from router.ring import Ring
 from router.tenants import AdmissionConfig
 from store.base import TrajectoryStore
-from worker.fleet_agents import AgentCache
 
 log = logging.getLogger("reins.router.api")
 MAX_ATTEMPTS = 16  # commits lost in a row before a delivery gives up

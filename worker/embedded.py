@@ -31,7 +31,8 @@ from kernel.events import (
 from kernel.fastmodel import construct
 from kernel.record import TrajectoryRecord
 from kernel.step import step
-from worker.backend import ToolBackend, dispatch
+from kernel.tools import ToolBackend
+from worker.backend import dispatch
 from worker.models import Model
 
 

@@ -40,20 +40,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from celery import signals
 
+from kernel.agent import AgentModule
 from kernel.errors import InvalidInput, UnknownMember
 from kernel.settings import Settings
+from kernel.tools import ToolBackend
+from router.agents import AgentCache
+from router.broker import broker_keyprefix, queue_for, take_queued_turns
 from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
 from router.gates import GateConfig
 from router.membership import Membership
 from router.reconcile import Holdings
 from router.redis_gates import RedisGates
 from store.redis_store import RedisStore, client_from_url
-from worker.agents import AgentModule
-from worker.backend import ToolBackend
-from worker.celery_app import broker_keyprefix, make_app, queue_for, take_queued_turns
+from worker.celery_app import worker_app
 from worker.chain import TurnChain
-from worker.fleet_agents import AgentCache, BackendFactory, ModelOverrides, TurnTools
+from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
 from worker.turn import TurnObserver, TurnRunner
@@ -327,10 +330,8 @@ def run_worker(
 ) -> int:
     """Boot a worker and run it until it is told to stop; returns the exit code. ``observer``
     (metrics) is told of every turn the worker runs."""
-    from celery import signals
-
     worker = FleetWorker(settings, options, observer=observer)
-    app = make_app(settings, on_turn=worker.handle_turn)
+    app = worker_app(settings, worker.handle_turn)
 
     def ready(**_: Any) -> None:
         worker.on_ready()

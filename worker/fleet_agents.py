@@ -1,9 +1,7 @@
-"""Agents, models and tool backends as a fleet process holds them: loaded once, by reference.
+"""Models and tool backends as a fleet worker holds them, per agent (:class:`TurnTools`).
 
-A record names its agent as ``MODULE:AGENT``; routers (admission) and workers (turns) both load
-it through :class:`AgentCache`, which imports each module once and keeps the kernel context.
-Workers also build the model of a turn (:class:`PacedModel` for scripted providers, so their
-latency really elapses in the worker thread and honours the cancel token) and keep one tool
+A worker builds the model of a turn (:class:`PacedModel` for scripted providers, so their
+latency really elapses in the worker thread and honours the cancel token) and keeps one tool
 backend per agent, built by the backend factory the worker was started with (the agent's own
 ``make_backend`` unless told otherwise: a fleet shares one backend service, such as the
 support store's Redis state, across every worker).
@@ -15,56 +13,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from kernel.agent import AgentProfile
-from kernel.context import KernelContext
-from kernel.errors import UnknownAgent
+from kernel.agent import AgentModule, AgentProfile
 from kernel.events import ReplyStatus
-from kernel.tools import ToolSpec
-from worker.agents import AgentModule, load_agent, resolve
-from worker.backend import ToolBackend
-from worker.models import ModelReply, ScriptedModel
+from kernel.tools import ToolBackend, ToolSpec
+from router.agents import AgentCache
+from worker.models import Model, ModelReply, ScriptedModel
 from worker.providers import make_model, with_model
-from worker.providers.base import Provider
 
 #: Builds the tool backend a worker uses for one agent: (agent, its reference) -> backend.
 BackendFactory = Callable[[AgentModule, str], ToolBackend]
-
-
-def load_factory(ref: str) -> Callable[..., Any]:
-    """Import ``MODULE:NAME`` and return the callable it names; refuse anything else."""
-    module_name, attr, found = resolve(ref, "factory")
-    if not callable(found):
-        raise UnknownAgent(f"{module_name} has no callable named {attr!r}")
-    factory: Callable[..., Any] = found
-    return factory
-
-
-class AgentCache:
-    """Agent modules and their kernel contexts by reference; thread-safe, loaded once each.
-
-    An unknown reference raises :class:`UnknownAgent` every time it is asked for (nothing is
-    cached for it), so a deployment that adds the module later is picked up.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._agents: dict[str, tuple[AgentModule, KernelContext]] = {}
-
-    def get(self, ref: str) -> tuple[AgentModule, KernelContext]:
-        """The agent and its kernel context; raises :class:`UnknownAgent`."""
-        found = self._agents.get(ref)
-        if found is None:
-            agent = load_agent(ref)
-            found = (agent, KernelContext(agent.profile))
-            with self._lock:
-                found = self._agents.setdefault(ref, found)
-        return found
-
-    def context(self, ref: str) -> KernelContext:
-        """The kernel context of ``ref``."""
-        return self.get(ref)[1]
 
 
 class PacedModel:
@@ -133,7 +91,7 @@ class TurnTools:
     backend_factory: BackendFactory | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _backends: dict[str, ToolBackend] = field(default_factory=dict)
-    _providers: dict[str, Provider] = field(default_factory=dict)
+    _providers: dict[str, Model] = field(default_factory=dict)
 
     def backend(self, ref: str) -> ToolBackend:
         """The one tool backend of agent ``ref`` in this worker (built on first use)."""
@@ -164,7 +122,7 @@ class TurnTools:
         model = self.profile(ref).model
         return f"{model.provider}/{model.name}"
 
-    def model(self, ref: str, goal: str) -> Provider:
+    def model(self, ref: str, goal: str) -> Model:
         """The model for one turn of a trajectory of agent ``ref`` with ``goal``.
 
         Scripted providers are built per turn (their policy reads the goal) and paced; other

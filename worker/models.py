@@ -2,20 +2,20 @@
 
 A model never raises for what a provider can do wrong: every outcome is a :class:`ModelReply`
 with a normalised status. Latency is reported, not slept, so a simulated clock can advance.
-Providers that speak to a real API (``worker.providers``) implement the same protocol and
-accept the agent's tools and a cancel signal as keyword arguments.
+Providers that speak to a real API (``worker.providers``) implement the same protocol.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import from_json
 
+from kernel.agent import PolicyFn
 from kernel.amounts import Usage
 from kernel.events import ModelReplied, ReplyStatus
 from kernel.fastmodel import construct
@@ -61,14 +61,26 @@ class ModelReply(BaseModel):
 
 
 class Model(Protocol):
-    """Anything that answers a view with a reply."""
+    """A model, scripted or behind an API: a view in, a normalised reply out, never an
+    exception for what the far side does.
 
-    def call(self, view: str, max_output_tokens: int, timeout_s: float) -> ModelReply:
+    ``timeout_s`` is what is left of the trajectory's active-time deadline; ``tools`` defaults
+    to the agent's catalog (a scripted model leaves them to its policy); ``cancel`` stops the
+    call at once and the reply is then CANCELED, whatever had streamed (partial output is
+    diagnostics only).
+    """
+
+    def call(
+        self,
+        view: str,
+        max_output_tokens: int,
+        timeout_s: float,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelReply:
         """Answer one view within ``timeout_s`` seconds and ``max_output_tokens`` tokens."""
         ...
-
-
-PolicyFn = Callable[[dict[str, Any], int], Any]
 
 
 def parse_view(view: str) -> Any:

@@ -10,6 +10,8 @@ the outcome. No model and no tool is called during a replay.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,7 +21,7 @@ from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.events import ApprovalDecided, ControlRequested, Tick
 from kernel.record import TrajectoryRecord
-from worker.backend import ToolBackend
+from kernel.tools import ToolBackend, ToolSpec
 from worker.embedded import Clock, Commit, EmbeddedRunner, RunResult
 from worker.models import Model, ModelReply
 
@@ -80,8 +82,16 @@ class RecordingModel:
     def __init__(self, inner: Model, recording: Recording) -> None:
         self.inner, self.recording = inner, recording
 
-    def call(self, view: str, max_output_tokens: int, timeout_s: float) -> ModelReply:
-        reply = self.inner.call(view, max_output_tokens, timeout_s)
+    def call(
+        self,
+        view: str,
+        max_output_tokens: int,
+        timeout_s: float,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelReply:
+        reply = self.inner.call(view, max_output_tokens, timeout_s, tools=tools, cancel=cancel)
         self.recording.inputs.append(ModelInput(reply=reply))
         return reply
 
@@ -139,7 +149,15 @@ class ReplayModel:
     def __init__(self, tape: _Tape) -> None:
         self.tape = tape
 
-    def call(self, view: str, max_output_tokens: int, timeout_s: float) -> ModelReply:
+    def call(
+        self,
+        view: str,
+        max_output_tokens: int,
+        timeout_s: float,
+        *,
+        tools: Sequence[ToolSpec] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelReply:
         reply: ModelReply = self.tape.take("model").reply
         return reply
 

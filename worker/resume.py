@@ -13,8 +13,8 @@ from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.events import Event, Recover
 from kernel.record import TrajectoryRecord
+from kernel.tools import ToolBackend
 from store.base import TrajectoryStore
-from worker.backend import ToolBackend
 from worker.embedded import Clock, Commit, EmbeddedRunner, RunResult
 from worker.models import Model
 

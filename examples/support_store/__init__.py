@@ -13,11 +13,10 @@ from pydantic import BaseModel, Field
 
 from examples.support_store.backend import AUTO_LIMIT, SupportStoreBackend
 from examples.support_store.policies import RefundPolicy
-from kernel.agent import AgentProfile, LoopShape, ModelRef
+from kernel.agent import AgentModule, AgentProfile, LoopShape, ModelRef
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
 from kernel.tools import Catalog, DeclaredTool, OnUnknown, ToolKind, tool
-from worker.agents import AgentModule
 
 
 class OrderArgs(BaseModel):

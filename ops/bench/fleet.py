@@ -47,15 +47,15 @@ import redis
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.state import MemoryState
+from kernel.agent import AgentModule
 from kernel.budget import Budget
 from kernel.settings import Settings
 from kernel.states import TERMINAL, StopReason
 from ops.fleet_local import LocalFleet, process_cpu_s, wait_for
+from router.broker import NOOP_TASK, TaskPublisher, broker_keyprefix, make_app, queue_for
 from router.feed import Feed
 from router.service import SEND_BURST, RouterOptions, RouterService
 from router.submit import RouterApi
-from worker.agents import AgentModule
-from worker.celery_app import NOOP_TASK, TaskPublisher, broker_keyprefix, make_app, queue_for
 
 TENANTS = ("acme", "globex", "initech")
 ORDERS = {

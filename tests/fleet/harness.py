@@ -15,8 +15,11 @@ import redis
 
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.state import RedisState
+from kernel.agent import AgentModule
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
+from kernel.tools import ToolBackend
+from router.agents import AgentCache
 from router.feed import TurnMessage
 from router.gates import GateConfig
 from router.membership import Membership
@@ -25,10 +28,8 @@ from router.reconcile import Holdings
 from router.redis_gates import RedisGates
 from router.service import AdmitterKind, RouterOptions, RouterService
 from tests.conftest import REDIS_URL
-from worker.agents import AgentModule
-from worker.backend import ToolBackend
 from worker.chain import TurnChain
-from worker.fleet_agents import AgentCache, ModelOverrides, TurnTools
+from worker.fleet_agents import ModelOverrides, TurnTools
 from worker.turn import TurnObserver, TurnReport, TurnRunner
 
 AGENT = "examples.support_store:agent_lookup"

@@ -20,8 +20,7 @@ from redis.retry import Retry
 
 from kernel.errors import StoreUnavailable
 from kernel.settings import Settings
-from tests.conftest import REDIS_URL
-from worker.celery_app import (
+from router.broker import (
     NOOP_TASK,
     TURN_TASK,
     TaskPublisher,
@@ -31,6 +30,7 @@ from worker.celery_app import (
     send_turn,
     take_queued_turns,
 )
+from tests.conftest import REDIS_URL
 
 PAYLOAD = {"tenant": "acme", "trajectory_id": "t9", "version": 4, "commands": [{"a": [1, "é"]}]}
 FRESH = {"id", "root_id", "correlation_id", "delivery_tag"}  # new for every message

@@ -7,12 +7,13 @@ from typing import Any
 
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
+from kernel.agent import PolicyFn
 from kernel.budget import Budget
 from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.tools import OnUnknown
 from worker.embedded import EmbeddedRunner, RunResult
-from worker.models import PolicyFn, ScriptedModel
+from worker.models import ScriptedModel
 
 GOAL = "refund the damaged item on order ord_1001"
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from examples.support_store import make_agent
+from kernel.agent import PolicyFn
 from kernel.budget import Budget
 from kernel.context import KernelContext, StepResult
 from kernel.events import Admit, CallModel, Command, DispatchTool, Event
@@ -15,7 +16,7 @@ from kernel.render import estimate_tokens
 from kernel.step import step
 from tests.kernel.harness import new_record
 from tests.providers.fake_openai import Reply, Script
-from worker.models import ModelReply, PolicyFn
+from worker.models import ModelReply
 
 
 def view_of(request: dict[str, Any]) -> str:

@@ -21,9 +21,8 @@ from kernel.states import LifecycleState, StopReason
 from tests.providers.conftest import Serve
 from tests.providers.fake_openai import Reply, deltas
 from tests.providers.scripts import KernelTurns
-from worker.models import ModelReply
+from worker.models import Model, ModelReply
 from worker.providers import CancelToken, InflightCalls, OpenAICompatible
-from worker.providers.base import Provider
 from worker.providers.openai_compat import Observer
 from worker.providers.stream import Accumulator
 
@@ -56,7 +55,7 @@ def refund_call_streamed(done: threading.Event) -> Observer:
 
 
 def in_thread(
-    model: Provider, view: str, cap: int, timeout: float, token: CancelToken
+    model: Model, view: str, cap: int, timeout: float, token: CancelToken
 ) -> queue.Queue[ModelReply]:
     """Run the call as a worker thread would; its reply arrives on the queue."""
     replies: queue.Queue[ModelReply] = queue.Queue()

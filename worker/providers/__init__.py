@@ -1,4 +1,4 @@
-"""Model providers: the provider protocol, the OpenAI-compatible client, scripted providers.
+"""Model providers: the OpenAI-compatible client and scripted providers, built from a profile.
 
 An agent profile chooses its provider by name (``ModelRef.provider``); :func:`make_model` builds
 it in a process's boot step from the profile, the scripted policy and the environment (the API
@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from kernel.agent import AgentProfile
-from worker.models import PolicyFn, ScriptedModel
-from worker.providers.base import CancelToken, InflightCalls, Provider, ProviderConfigError
+from kernel.agent import AgentProfile, PolicyFn
+from worker.models import Model, ScriptedModel
+from worker.providers.base import CancelToken, InflightCalls, ProviderConfigError
 from worker.providers.openai_compat import OpenAICompatible, from_profile_model
 from worker.providers.scripted import ReplayProvider
 from worker.recording import Recording
@@ -28,7 +28,6 @@ __all__ = [
     "CancelToken",
     "InflightCalls",
     "OpenAICompatible",
-    "Provider",
     "ProviderConfigError",
     "ReplayProvider",
     "make_model",
@@ -65,7 +64,7 @@ def make_model(
     recording: Recording | None = None,
     latency_header: str | None = None,
     **options: Any,
-) -> Provider:
+) -> Model:
     """The provider the profile names: ``scripted`` (the agent's policy), ``openai-compatible``
     (base URL, model name and key variable from the profile; ``latency_header`` and
     ``options`` go to :class:`OpenAICompatible`) or ``replay`` (the model replies of

@@ -1,7 +1,8 @@
-"""The provider protocol, the cancel signal it honours, and the registry of calls in flight.
+"""The cancel signal a model call honours, and the registry of calls in flight.
 
-A provider answers one view with one :class:`~worker.models.ModelReply` and never raises for
-anything the far side does: an HTTP error, a cut stream or a malformed chunk is a reply status.
+A provider is a :class:`~worker.models.Model`: it answers one view with one reply and never
+raises for anything the far side does: an HTTP error, a cut stream or a malformed chunk is a
+reply status.
 The cancel signal is a :class:`CancelToken`, a ``threading.Event`` that also runs callbacks at
 the moment it is set, so a provider can close its connection at once from the canceller's
 thread instead of noticing at its next read.
@@ -10,12 +11,9 @@ thread instead of noticing at its next read.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
 from kernel.errors import ConfigError
-from kernel.tools import ToolSpec
-from worker.models import ModelReply
 
 
 class ProviderConfigError(ConfigError):
@@ -62,29 +60,6 @@ class CancelToken(threading.Event):
                 return unregister
         callback()
         return lambda: None
-
-
-class Provider(Protocol):
-    """A model behind an API: view in, a normalised reply out, never an exception.
-
-    ``timeout_s`` is what is left of the trajectory's active-time deadline; ``tools`` defaults
-    to the agent's catalog bound at construction; ``cancel`` stops the call at once and the
-    reply is then CANCELED, whatever had streamed (partial output is diagnostics only).
-    The positional form ``call(view, max_output_tokens, timeout_s)`` is the
-    :class:`~worker.models.Model` protocol, so a provider drops into any runner.
-    """
-
-    def call(
-        self,
-        view: str,
-        max_output_tokens: int,
-        timeout_s: float,
-        *,
-        tools: Sequence[ToolSpec] | None = None,
-        cancel: threading.Event | None = None,
-    ) -> ModelReply:
-        """Answer one view; see the class docstring for the contract."""
-        ...
 
 
 class InflightCalls:

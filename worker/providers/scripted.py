@@ -1,4 +1,4 @@
-"""Scripted providers behind the provider protocol.
+"""Scripted providers behind the model protocol (:class:`~worker.models.Model`).
 
 :class:`~worker.models.ScriptedModel` answers from a policy with scripted latency and usage.
 :class:`ReplayProvider` answers with the model replies of a :class:`~worker.recording.Recording`

@@ -1,0 +1,241 @@
+"""The broker side of the wire: the fleet's Celery configuration, its queues, and the publisher.
+
+Nothing here connects at import. :func:`make_app` builds the app for one deployment; a router
+sends with it, and a worker (:mod:`worker.celery_app`) registers its turn task on it. The
+settings that are easy to get wrong are set explicitly:
+
+* the broker is ``REINS_BROKER_URL``, separate from the store's ``REINS_REDIS_URL`` (kombu's
+  Redis transport does not speak Redis Cluster; the store does);
+* late acknowledgement, prefetch multiplier 1 and reject-on-worker-lost, so a message is only
+  gone once its turn ended, and a worker takes no more than it runs;
+* an explicit ``visibility_timeout`` (kombu's default is an hour) from
+  ``REINS_VISIBILITY_TIMEOUT_S``, longer than the longest turn, with a restore sweep a few
+  times per timeout; correctness never relies on it: a redelivered message whose expected
+  version is stale does nothing, and one whose turn was stranded is recovered from the record
+  (:mod:`worker.turn`);
+* every broker key under ``global_keyprefix`` = ``<REINS_KEY_PREFIX>:celery:``, so deployments
+  and test runs sharing a Redis never see each other's queues;
+* a thread pool of ``REINS_WORKER_CONCURRENCY`` threads: a turn waits seconds on a model, so a
+  worker holds many turns at once, not one per core.
+
+Each worker consumes one queue, named after its ring member (:func:`queue_for`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.utils.nodenames import anon_nodename
+
+from kernel.errors import InvalidInput, ReinsError
+from kernel.settings import Settings
+from router.ring import check_name
+from store.redis_store import direct_batch, retry_transient
+
+TURN_TASK = "reins.turn"
+NOOP_TASK = "reins.noop"
+QUEUE_PREFIX = "reins.turns."
+
+
+def queue_for(member: str) -> str:
+    """The Celery queue of ring member ``member``."""
+    return QUEUE_PREFIX + check_name(member)
+
+
+def broker_keyprefix(settings: Settings) -> str:
+    """The prefix of every broker key of this deployment."""
+    return f"{settings.key_prefix}:celery:"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery configuration of the fleet (see the module docstring for each choice)."""
+    if settings.broker_url.split("://", 1)[0] not in ("redis", "rediss"):
+        raise InvalidInput(
+            f"REINS_BROKER_URL: only a Redis broker is supported, got {settings.broker_url!r}"
+        )
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "global_keyprefix": broker_keyprefix(settings),
+            # Sweep for unacked messages past the timeout every few seconds (kombu's default
+            # scans one call in ten, every ten seconds): a turn whose worker died comes back to
+            # its queue, marked redelivered, within about the timeout plus one sweep.
+            "unacked_restore_interval": max(1, min(10, int(settings.visibility_timeout_s // 4))),
+            "unacked_restore_throttle": 1,
+        },
+        "broker_connection_retry_on_startup": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_pool": "threads",
+        "worker_concurrency": settings.worker_concurrency,
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_create_missing_queues": True,
+        "worker_enable_remote_control": False,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+        "worker_hijack_root_logger": False,
+        "worker_redirect_stdouts": False,
+    }
+
+
+def make_app(settings: Settings) -> Celery:
+    """The app for ``settings``, with no task registered: a sender sends by task name."""
+    app = Celery("reins", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+def turn_repr(payload: dict[str, Any]) -> str:
+    """How a turn message shows in Celery's logs: which trajectory, at which version. Given
+    to Celery so it does not build a ``saferepr`` of the whole payload for every message."""
+    return (
+        f"[turn {payload.get('tenant')}/{payload.get('trajectory_id')} v{payload.get('version')}]"
+    )
+
+
+def send_turn(app: Celery, member: str, payload: dict[str, Any]) -> None:
+    """Send one turn message to ``member``'s queue (fire and forget)."""
+    app.send_task(
+        TURN_TASK,
+        args=[payload],
+        queue=queue_for(member),
+        argsrepr=turn_repr(payload),
+        kwargsrepr="{}",
+    )
+
+
+def take_queued_turns(client: Any, settings: Settings, member: str, limit: int) -> list[Any]:
+    """Take up to ``limit`` turn payloads still waiting in ``member``'s queue, oldest first,
+    out of the broker (a drain whose grace ran out hands them back instead of running them).
+
+    Reads kombu's Redis layout: a list per queue, pushed on the left and consumed from the
+    right, each entry a JSON envelope whose body is the base64 JSON of ``[args, kwargs, _]``.
+    An entry that is not a turn message is put back where it was, and taking stops there, so
+    the consumer gets it as it would have.
+    """
+    key = broker_keyprefix(settings) + queue_for(member)
+    out: list[Any] = []
+    while len(out) < limit:
+        raw = client.rpop(key)
+        if raw is None:
+            break
+        try:
+            envelope = json.loads(raw)
+            if envelope.get("headers", {}).get("task") != TURN_TASK:
+                raise ValueError("not a turn message")
+            args = json.loads(base64.b64decode(envelope["body"]))[0]
+            out.append(args[0])
+        except (ValueError, KeyError, IndexError, TypeError):
+            client.rpush(key, raw)  # back at the consuming end, untouched
+            break
+    return out
+
+
+class TaskPublisher:
+    """Publishes task messages straight into the broker's queue lists, one pipeline per flush.
+
+    The router sends a turn for every step, and Celery's ``send_task`` through kombu's producer
+    cost about a third of a router's CPU (a producer batch, a channel and a new Redis client
+    per flush, queue declarations, serialiser lookups). The message itself is Celery's own:
+    its headers and body come from ``app.amqp.as_task_v2``, as ``send_task`` builds them; only
+    the last step, kombu's Redis envelope (the body base64, the delivery info and tag) and the
+    ``LPUSH`` onto the queue's list, is done here, as :func:`take_queued_turns` reads it.
+    ``tests/fleet/test_publisher.py`` checks the envelope against the one Celery's
+    ``send_task`` writes for the same task, and every fleet process test has real workers
+    carry the turns out. ``reins bench fleet`` sends its no-op tasks the same way.
+
+    ``add`` and :meth:`turn` only buffer; :meth:`flush` pushes everything buffered, in order.
+    A caller flushes at least once per loop iteration, so a message waits in the buffer no
+    longer than the iteration that admitted it.
+    """
+
+    def __init__(self, app: Celery, client: redis.Redis, settings: Settings) -> None:
+        self.app, self.client = app, client
+        self.keyprefix = broker_keyprefix(settings)
+        self.origin = anon_nodename()
+        self.reply_to = app.thread_oid
+        self.pending: list[tuple[str, bytes]] = []
+
+    def envelope(self, task: str, member: str, args: list[Any], argsrepr: str) -> dict[str, Any]:
+        """The message kombu's Redis transport would write for ``task(*args)`` to ``member``."""
+        task_id = str(uuid.uuid4())
+        message = self.app.amqp.as_task_v2(
+            task_id,
+            task,
+            args=args,
+            reply_to=self.reply_to,
+            origin=self.origin,
+            ignore_result=None,
+            argsrepr=argsrepr,
+            kwargsrepr="{}",
+        )
+        body = json.dumps(message.body).encode()
+        return {
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": message.headers,
+            "properties": {
+                **message.properties,
+                "argsrepr": argsrepr,
+                "kwargsrepr": "{}",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue_for(member)},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+
+    def add(
+        self, task: str, member: str, args: list[Any] | None = None, argsrepr: str = "[]"
+    ) -> None:
+        """Buffer one message for ``member``'s queue (``argsrepr``: how logs show its args)."""
+        raw = json.dumps(self.envelope(task, member, args or [], argsrepr)).encode()
+        self.pending.append((self.keyprefix + queue_for(member), raw))
+
+    def turn(self, member: str, payload: dict[str, Any]) -> None:
+        """Buffer one turn message (the dispatcher's sender)."""
+        self.add(TURN_TASK, member, [payload], turn_repr(payload))
+
+    def flush(self) -> int:
+        """Push what is buffered, in order, in one round trip; returns how many went.
+
+        A broker that cannot be reached is retried (bounded, with backoff); then the messages
+        stay buffered, in order, for the next flush, and :class:`StoreUnavailable` is raised.
+        A retried batch that had partly landed sends some messages twice: the second of a pair
+        finds its version stale and is ignored, as a redelivery would be.
+        """
+        pending, self.pending = self.pending, []
+        if not pending:
+            return 0
+
+        def push() -> None:
+            pipe = direct_batch(self.client)
+            for key, raw in pending:
+                pipe.lpush(key, raw)
+            pipe.execute()
+
+        try:
+            retry_transient(
+                push, what=f"sending {len(pending)} task messages", attempts=4, counted=4
+            )
+        except ReinsError:
+            self.pending = pending + self.pending
+            raise
+        return len(pending)
+
+    def send(self, member: str, payload: dict[str, Any]) -> None:
+        """Send one turn message now (with anything still buffered before it)."""
+        self.turn(member, payload)
+        self.flush()
