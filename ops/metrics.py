@@ -51,9 +51,9 @@ from kernel.states import StopReason
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.membership import MemberRecord
-from router.observe import NO_PROVIDER as NO_PROVIDER  # re-exported: the label of no route
-from router.observe import provider_of as provider_of
+from router.observe import NO_PROVIDER, RouterObserver, provider_of
 from router.tenants import DEFAULT_WAIT_BUCKETS_S, AdmissionConfig
+from worker.turn import TurnObserver
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-class Metrics:
+class Metrics(RouterObserver, TurnObserver):
     """Every metric of a reins process, registered in this object's own registry."""
 
     def __init__(

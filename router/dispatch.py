@@ -62,10 +62,11 @@ from kernel.step import step
 from router.admission import AdmissionQueue
 from router.admitter import FinalizeNow
 from router.agents import AgentCache
+from router.commits import commit
 from router.drr import Nomination, ReadyCall
 from router.feed import Feed, Notice, NoticeKind, TurnMessage, worker_commands
 from router.gates import GateConfig, GateReading, ProviderGates
-from router.observe import AdmissionObserver, commit, provider_of
+from router.observe import AdmissionObserver, provider_of
 from router.ring import Ring
 from store.base import TrajectoryStore
 
@@ -108,7 +109,7 @@ class Dispatcher:
     ``admitter`` is either admitter (:mod:`router.admission`). With the in-memory one
     (``shared=False``) the gate is debited here, after the nomination and before the
     compare-and-set, and ``depths`` reads its queue depths; the Redis admitter (``shared``)
-    debits in its claim and reports depths with it. ``observer`` (None: nobody) is told of
+    debits in its claim and reports depths with it. ``observer`` is told of
     each admission, gate refusal, commit and lost compare-and-set.
     """
 
@@ -133,7 +134,7 @@ class Dispatcher:
         self.name, self.store, self.admitter, self.feed = name, store, admitter, feed
         # Only a worker admitting through the same shared admitter may chain turns itself.
         self.chain_turns = chain_turns if shared else 0
-        self.observer = observer
+        self.observer = observer or AdmissionObserver()
         self.agents, self.ring, self.sender = agents, ring, sender
         self.gates, self.gate_config, self.shared = gates, gate_config, shared
         self.depths = depths
@@ -257,7 +258,7 @@ class Dispatcher:
         beside each trajectory's own load and compare-and-set)."""
         admitter: Any = self.admitter
         batch = admitter.claim_many(limit, 1, depths=True)
-        if batch.refused and self.observer is not None:
+        if batch.refused:
             self.observer.on_gate_refused(
                 provider_of(batch.refused_route), batch.reason, batch.refused
             )
@@ -290,8 +291,7 @@ class Dispatcher:
             if not debit.ok:
                 self.admitter.decline(nom)
                 self.figures.declined += 1
-                if self.observer is not None:
-                    self.observer.on_gate_refused(provider_of(call.route), debit.reason)
+                self.observer.on_gate_refused(provider_of(call.route), debit.reason)
                 return False
         prepared = self._prepare(nom, lease, ring)
         if prepared is not None:
@@ -367,8 +367,7 @@ class Dispatcher:
             }
         )
         self.figures.admitted += 1
-        if self.observer is not None:
-            self.observer.on_admission(call, wait_s)
+        self.observer.on_admission(call, wait_s)
         self.sender(member, msg.to_payload())
 
     def _send_unsent(self) -> bool:

@@ -63,7 +63,6 @@ from router.submit import RouterApi
 from store.redis_store import direct_batch, retry_transient, script_reply
 
 log = logging.getLogger("reins.router.reconcile")
-MAX_ATTEMPTS = 16  # lost compare-and-sets in a row before a recovery is left to the backstop
 RECOVERIES_CAP = 100_000
 
 # Delete field ARGV[1] of hash KEYS[1] if its value's version (the text before the first ':')
@@ -343,32 +342,28 @@ class Reconciler:
 
     def _recover(self, h: Held) -> bool:
         """``Recover`` by compare-and-set while the record is still in the sent turn."""
-        for _ in range(MAX_ATTEMPTS):
-            try:
-                rec = self.api.store.load(h.tenant, h.trajectory_id)
-            except ReinsError as exc:
-                log.warning("cannot recover %s/%s: %s", h.tenant, h.trajectory_id, exc)
+        try:
+            rec = self.api.store.load(h.tenant, h.trajectory_id)
+            if not self._stranded(rec, h):
                 return False
-            if rec.state is LifecycleState.READY:
-                # The turn ended READY; its notice may have died with the member (killed between
-                # the commit and the push). Queue it again: a duplicate entry is refused.
-                self.api.requeue(rec)
-                return False
-            if (
-                rec.state not in ACTING
-                or _sent_turn(rec, h.call_id) != rec.turn
-                or rec.control_epoch != h.epoch
-                or rec.record_version < h.version
-            ):
-                return False  # the turn moved on: nothing was stranded
-            try:
-                if self.api.recover(h.tenant, h.trajectory_id, rec.record_version, by=self.by):
-                    return True
-            except ReinsError as exc:
-                log.warning("recovery of %s/%s failed: %s", h.tenant, h.trajectory_id, exc)
-                return False
-        log.warning("recovery of %s/%s lost %d races", h.tenant, h.trajectory_id, MAX_ATTEMPTS)
-        return False
+            return self.api.recover(rec, lambda now: self._stranded(now, h), by=self.by)
+        except ReinsError as exc:
+            log.warning("recovery of %s/%s failed: %s", h.tenant, h.trajectory_id, exc)
+            return False
+
+    def _stranded(self, rec: TrajectoryRecord, h: Held) -> bool:
+        """True while ``rec`` is still in the turn ``h`` sent. A record found READY is queued
+        again: the turn ended, but its notice may have died with the member (killed between
+        the commit and the push); a duplicate queue entry is refused."""
+        if rec.state is LifecycleState.READY:
+            self.api.requeue(rec)
+            return False
+        return (
+            rec.state in ACTING
+            and _sent_turn(rec, h.call_id) == rec.turn
+            and rec.control_epoch == h.epoch
+            and rec.record_version >= h.version
+        )
 
 
 def _sent_turn(rec: TrajectoryRecord, call_id: str) -> int | None:

@@ -124,7 +124,8 @@ class RouterService:
         observer: RouterObserver | None = None,
     ) -> None:
         self.settings, self.options, self.name = settings, options, options.name
-        self.observer = observer
+        self.observer = observer or RouterObserver()
+        self.observing = observer is not None  # the tick's figures cost reads: only if heard
         self._held_counted_at = float("-inf")
         self.client = client if client is not None else client_from_url(settings.redis_url)
         prefix = settings.key_prefix
@@ -141,8 +142,7 @@ class RouterService:
                 "REINS_TENANTS_FILE (or --tenants) must name the tenant configuration"
             )
         self.config = AdmissionConfig.from_file(options.tenants_file)
-        if observer is not None:
-            observer.on_config(self.config)
+        self.observer.on_config(self.config)
         self.gate_config = load_gate_config(options.gates_file)
         self.agents = AgentCache()
         self.holdings = Holdings(self.client, prefix)
@@ -250,7 +250,7 @@ class RouterService:
                 log.info("reconciled claims: %s requeued, %s dropped", done.requeued, done.dropped)
         else:
             self._hold_lease()
-        if self.observer is not None:
+        if self.observing:
             self.observe(self.observer)
 
     def observe(self, observer: RouterObserver) -> None:

@@ -63,7 +63,7 @@ class StrandedTurns:
                 del self._seen[key]
             elif version != current.record_version:
                 self._seen[key] = (now, current.record_version)  # moved on: watch again
-            elif self.api.recover(key[0], key[1], current.record_version):
+            elif self.api.recover(current):
                 out.append(key[1])
                 del self._seen[key]
         self.recovered += len(out)

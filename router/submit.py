@@ -35,10 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kernel.context import StepResult
 from kernel.errors import (
-    ConcurrentModification,
     InvalidInput,
     SnapshotExists,
-    StoreError,
     SubmissionRefused,
     UnknownTenant,
 )
@@ -55,20 +53,19 @@ from kernel.events import (
 from kernel.record import ControlKind, TrajectoryRecord
 from kernel.render import estimate_tokens, render
 from kernel.states import LifecycleState
-from kernel.step import step
 from router.admission import AdmissionQueue
 from router.admitter import Admitter
 from router.agents import AgentCache
+from router.commits import advance
 from router.dispatch import Sender, placement_key
 from router.feed import Feed, TurnMessage, ready_notice, route_of, worker_commands
 from router.gates import GateConfig
-from router.observe import CommitObserver, commit
+from router.observe import CommitObserver
 from router.ring import Ring
 from router.tenants import AdmissionConfig
 from store.base import TrajectoryStore
 
 log = logging.getLogger("reins.router.api")
-MAX_ATTEMPTS = 16  # commits lost in a row before a delivery gives up
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
@@ -102,8 +99,8 @@ class RouterApi:
 
     ``admitter``: the shared (Redis) admitter, when the fleet has one; otherwise READY work
     goes through the feed to the router that admits. ``sender`` and ``ring`` are needed only
-    to send the tool dispatch an approval admits. ``observer`` (None: nobody) is told of each
-    step delivered and each commit lost.
+    to send the tool dispatch an approval admits. ``observer`` is told of each step delivered
+    and each commit lost.
     """
 
     def __init__(
@@ -121,7 +118,7 @@ class RouterApi:
         observer: CommitObserver | None = None,
     ) -> None:
         self.store, self.feed, self.config = store, feed, config
-        self.observer = observer
+        self.observer = observer or CommitObserver()
         self.agents = agents or AgentCache()
         self.gate_config, self.admitter = gate_config, admitter
         self.sender, self.ring, self.clock = sender, ring, clock
@@ -270,36 +267,35 @@ class RouterApi:
         Bad input raises (the kernel's refusal, or :class:`SnapshotNotFound` for a trajectory
         the tenant does not hold) and changes nothing.
         """
-        for _ in range(MAX_ATTEMPTS):
-            rec = self.store.load(tenant, trajectory_id)
-            ctx = self.agents.context(rec.agent)
-            result = step(rec, event, ctx)
-            if result.record is rec:
-                return result
-            try:
-                commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
-            except ConcurrentModification:
-                continue
-            self._carry_out(result)
-            return result
-        raise StoreError(f"{trajectory_id}: {MAX_ATTEMPTS} commits lost in a row; try again")
-
-    def recover(self, tenant: str, trajectory_id: str, version: int, by: str = "router") -> bool:
-        """Deliver ``Recover`` to a turn stranded at ``version``; False if it moved on (a lost
-        race, or the record is not at that version any more): then nothing changed."""
         rec = self.store.load(tenant, trajectory_id)
-        if rec.record_version != version:
-            return False
         ctx = self.agents.context(rec.agent)
-        result = step(rec, Recover(now=self.clock(), worker=by), ctx)
-        if result.record is rec:
-            return False
-        try:
-            commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
-        except ConcurrentModification:
-            return False
-        self._carry_out(result)
-        return True
+        done = advance(self.store, rec, event, ctx, self.observer, ctx.agent.model.provider)
+        if done.refusal is not None:
+            raise done.refusal
+        assert done.result is not None  # no ``still``: a step is taken or refused
+        if done.committed:
+            self._carry_out(done.result)
+        return done.result
+
+    def recover(
+        self,
+        rec: TrajectoryRecord,
+        still: Callable[[TrajectoryRecord], bool] = lambda rec: False,
+        by: str = "router",
+    ) -> bool:
+        """Deliver ``Recover`` to a turn stranded in ``rec``; False if nothing was written.
+
+        After a lost race the record is reloaded and recovered again only while ``still``
+        holds (by default never: the record moved on)."""
+        ctx = self.agents.context(rec.agent)
+        event = Recover(now=self.clock(), worker=by)
+        provider = ctx.agent.model.provider
+        done = advance(self.store, rec, event, ctx, self.observer, provider, still)
+        if done.refusal is not None:
+            raise done.refusal
+        if done.committed and done.result is not None:
+            self._carry_out(done.result)
+        return done.committed
 
     def requeue(self, rec: TrajectoryRecord) -> None:
         """Put a READY record in its tenant's queue again (its notice may have been lost with

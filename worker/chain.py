@@ -50,8 +50,9 @@ from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.step import step
 from router.claims import Claim
+from router.commits import commit
 from router.feed import Feed, Notice, TurnMessage, worker_commands
-from router.observe import CommitObserver, commit
+from router.observe import AdmissionObserver
 from router.reconcile import Holdings
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
@@ -84,12 +85,13 @@ class TurnChain:
         max_task_s: float,
         draining: Callable[[], bool],
         clock: Callable[[], float] = time.time,
-        observer: CommitObserver | None = None,
+        observer: AdmissionObserver | None = None,
     ) -> None:
         self.worker, self.store, self.admitter, self.gates = worker, store, admitter, gates
         self.client = client
         self.holdings, self.feed, self.max_task_s = holdings, feed, max_task_s
-        self.draining, self.clock, self.observer = draining, clock, observer
+        self.draining, self.clock = draining, clock
+        self.observer = observer or AdmissionObserver()
         self.chained = 0  # turns admitted here since start
         self.passed = 0  # READY turns left to a router
         self._lock = threading.Lock()
@@ -106,7 +108,7 @@ class TurnChain:
         holdings: Holdings,
         feed: Feed,
         draining: Callable[[], bool],
-        observer: CommitObserver | None = None,
+        observer: AdmissionObserver | None = None,
     ) -> TurnChain | None:
         """The chain of a worker with ``settings``: None when ``REINS_CHAIN_TURNS`` is 0, no
         tenant file is named, or the shared admitter holds another configuration (logged)."""
@@ -205,9 +207,7 @@ class TurnChain:
         if wait is None:  # reaped meanwhile (past its deadline): debit again before sending
             self._debit_again(claim)
             wait = 0.0
-        on_admission = getattr(self.observer, "on_admission", None)
-        if on_admission is not None:
-            on_admission(claim.call, wait)
+        self.observer.on_admission(claim.call, wait)
         self._count(chained=1)
         return result, nxt
 

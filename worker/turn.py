@@ -49,12 +49,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from kernel.context import KernelContext, StepResult
 from kernel.errors import (
-    ConcurrentModification,
-    ControlFlow,
     InvalidInput,
     ReinsError,
     StoreError,
@@ -75,8 +72,8 @@ from kernel.events import (
 )
 from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState
-from kernel.step import step
 from kernel.tools import ToolKind
+from router.commits import advance
 from router.feed import (
     CancelListener,
     Feed,
@@ -87,7 +84,7 @@ from router.feed import (
     TurnMessage,
     ready_notice,
 )
-from router.observe import CommitObserver, commit, provider_of
+from router.observe import AdmissionObserver, provider_of
 from router.reconcile import Holdings
 from store.base import TrajectoryStore
 from worker.backend import dispatch
@@ -98,7 +95,6 @@ from worker.providers.base import InflightCalls
 
 S = LifecycleState
 log = logging.getLogger("reins.worker.turn")
-MAX_CAS_ATTEMPTS = 16  # a turn that keeps losing its commit this often gives the record up
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +107,11 @@ class TurnReport:
     version: int
 
 
-class TurnObserver(CommitObserver, Protocol):
+class TurnObserver(AdmissionObserver):
     """Told of each turn's wall time as well as of each commit (``ops.metrics.Metrics`` is one)."""
 
     def on_turn(self, worker: str, seconds: float) -> None:
         """One turn took ``seconds`` of wall time on ``worker`` (however it ended)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +156,7 @@ class TurnRunner:
         chain: TurnChain | None = None,
     ) -> None:
         self.store, self.tools, self.feed, self.worker = store, tools, feed, worker
-        self.observer = observer
+        self.observer = observer or TurnObserver()
         self.leases = leases  # the turn's gate lease is kept alive while it runs
         self.chain = chain  # None: every READY turn goes back to a router
         self._providers: dict[str, str] = {}  # agent -> provider label of its model calls
@@ -233,8 +228,7 @@ class TurnRunner:
         finally:
             with self._lock:
                 self.active -= 1
-            if self.observer is not None:
-                self.observer.on_turn(self.worker, time.perf_counter() - began)
+            self.observer.on_turn(self.worker, time.perf_counter() - began)
         return report, nxt
 
     @staticmethod
@@ -423,23 +417,12 @@ class TurnRunner:
         Returns the newest record and the step's result, or None when the kernel refused the
         event on the current record (logged; nothing was written).
         """
-        for _ in range(MAX_CAS_ATTEMPTS):
-            try:
-                result = step(rec, event, ctx)
-            except (ControlFlow, InvalidInput) as exc:
-                log.warning("%s: the kernel refused %s: %s", rec.trajectory_id, event.type, exc)
-                return rec, None
-            if result.record is rec:
-                return rec, result
-            try:
-                commit(self.store, rec, result, self.observer, self._provider(rec.agent))
-            except ConcurrentModification:
-                rec = self.store.load(rec.tenant, rec.trajectory_id)
-                continue
-            return result.record, result
-        raise StoreError(
-            f"{rec.trajectory_id}: lost {MAX_CAS_ATTEMPTS} commits in a row; giving the turn up"
-        )
+        done = advance(self.store, rec, event, ctx, self.observer, self._provider(rec.agent))
+        if done.refusal is not None:
+            log.warning(
+                "%s: the kernel refused %s: %s", rec.trajectory_id, event.type, done.refusal
+            )
+        return done.record, done.result
 
     def _provider(self, agent: str) -> str:
         """The provider this worker calls for ``agent`` (its model overrides applied)."""

@@ -74,7 +74,7 @@ def submit_refunds(api: Submits, orders: list[str], tenants: list[str]) -> list[
     return ids
 
 
-class _Observer(RouterObserver, TurnObserver, Protocol):
+class _Observer(RouterObserver, TurnObserver):
     """What watches the router and the worker of one process (``ops.metrics.Metrics``)."""
 
 

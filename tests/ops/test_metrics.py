@@ -15,8 +15,9 @@ from kernel.errors import ConcurrentModification, StoreUnavailable
 from kernel.events import ReplyStatus
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
-from ops.metrics import Metrics, provider_of
+from ops.metrics import Metrics
 from router.membership import MemberRecord
+from router.observe import provider_of
 from tests.ops.workload import WEIGHTS, Workload, admission_config
 
 FAMILIES = {

@@ -18,9 +18,10 @@ from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.errors import ConcurrentModification
 from kernel.record import TrajectoryRecord
-from ops.metrics import Metrics, provider_of
+from ops.metrics import Metrics
 from router.admitter import Admitter
 from router.membership import MemberRecord
+from router.observe import provider_of
 from router.tenants import AdmissionConfig
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel
