@@ -35,7 +35,7 @@ from celery.utils.nodenames import anon_nodename
 from kernel.errors import InvalidInput, ReinsError
 from kernel.settings import Settings
 from router.ring import check_name
-from store.redis_store import direct_batch, retry_transient
+from store.redis_client import direct_batch, retry_transient
 
 TURN_TASK = "reins.turn"
 NOOP_TASK = "reins.noop"

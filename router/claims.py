@@ -18,6 +18,7 @@ from kernel.states import LifecycleState
 from router.drr import Nomination, ReadyCall
 from router.gates import GateReading
 from router.tenants import AdmissionConfig
+from store.redis_client import text
 
 #: Whether a trajectory is still READY in the store: (tenant, trajectory id) -> bool.
 Readiness = Callable[[str, str], bool]
@@ -75,11 +76,6 @@ def store_readiness(store: _Loads) -> Readiness:
             return False
 
     return ready
-
-
-def text(value: object) -> str:
-    """A reply element as text."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def call_from(config: AdmissionConfig, trajectory_id: str, data: str) -> ReadyCall:

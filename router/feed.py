@@ -46,7 +46,7 @@ from kernel.errors import InvalidInput
 from kernel.events import CallModel, Command, DispatchTool, LookupEffect
 from kernel.record import TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
-from store.redis_store import direct_batch
+from store.redis_client import Batch, direct_batch
 
 _COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
     "call_model": CallModel,
@@ -298,13 +298,13 @@ class Feed:
 
     # --- notices -------------------------------------------------------------------------------
 
-    def push(self, *notices: Notice, pipe: Any = None) -> None:
-        """Append notices to the feed (one round trip, or queued on ``pipe``)."""
+    def push(self, *notices: Notice, pipeline: Batch | None = None) -> None:
+        """Append notices to the feed (one round trip, or queued on ``pipeline``)."""
         if notices:
-            (pipe or self.client).rpush(self.ready_key, *(n.encode() for n in notices))
+            (pipeline or self.client).rpush(self.ready_key, *(n.encode() for n in notices))
 
-    def pipeline(self) -> Any:
-        """A pipeline (no transaction) on the feed's Redis, to join a push to other writes."""
+    def batch(self) -> Batch:
+        """A batch on the feed's Redis, to join a push to other writes."""
         return direct_batch(self.client)
 
     def pop(self, limit: int = 256, block_s: float = 0.0) -> list[Notice]:
@@ -354,12 +354,14 @@ class Feed:
 
     # --- figures -------------------------------------------------------------------------------
 
-    def record_admissions(self, entries: Sequence[dict[str, Any]], pipe: Any = None) -> None:
+    def record_admissions(
+        self, entries: Sequence[dict[str, Any]], pipeline: Batch | None = None
+    ) -> None:
         """Append admission entries (tenant, charge, whether every tenant had READY work);
-        with ``pipe``, only queued on it."""
+        with ``pipeline``, only queued on it."""
         if entries:
-            own = pipe is None
-            pipe = self.client.pipeline(transaction=False) if own else pipe
+            own = pipeline is None
+            pipe: Batch = self.client.pipeline(transaction=False) if pipeline is None else pipeline
             pipe.execute_command("RPUSH", self.admissions_key, *(json.dumps(e) for e in entries))
             pipe.execute_command("LTRIM", self.admissions_key, -STATS_CAP, -1)
             if own:

@@ -51,6 +51,7 @@ from router.ring import (
     check_weight,
     ring_fingerprint,
 )
+from store.redis_client import text
 
 Clock = Callable[[], float]
 
@@ -270,7 +271,7 @@ class Membership:
 
     def _hgetall(self, key: str) -> dict[str, str]:
         raw = cast(dict[Any, Any], self._client.hgetall(key))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}
 
     def _redis_time(self) -> float:
         seconds, micros = self._client.time()
@@ -301,7 +302,3 @@ class ReplicaRing:
             self._ring = Ring(members, points_per_weight=self.membership.points_per_weight)
         self.membership.publish(self.replica_id, self._ring)
         return self._ring
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -60,7 +60,7 @@ from router.membership import Membership
 from router.ring import Ring
 from router.stranded import ACTING, StrandedTurns
 from router.submit import RouterApi
-from store.redis_store import direct_batch, retry_transient, script_reply
+from store.redis_client import Batch, direct_batch, retry_transient, script_reply, text
 
 log = logging.getLogger("reins.router.reconcile")
 RECOVERIES_CAP = 100_000
@@ -168,9 +168,9 @@ class Holdings:
         key = f"{msg.tenant}/{msg.trajectory_id}"
         return self._commands([_holding_of(member, key, msg.version, msg.epoch, call_id)])
 
-    def _write_on(self, pipe: Any, pending: list[tuple[str, str, str]]) -> None:
+    def _write_on(self, pipeline: Batch, pending: list[tuple[str, str, str]]) -> None:
         for command in self._commands(pending):
-            pipe.execute_command(*command)
+            pipeline.execute_command(*command)
 
     def _commands(self, pending: list[tuple[str, str, str]]) -> list[tuple[str, ...]]:
         out: list[tuple[str, ...]] = [
@@ -201,16 +201,21 @@ class Holdings:
     # --- the worker's side -------------------------------------------------------------------
 
     def release(
-        self, member: str, tenant: str, trajectory_id: str, version: int, pipe: Any = None
+        self,
+        member: str,
+        tenant: str,
+        trajectory_id: str,
+        version: int,
+        pipeline: Batch | None = None,
     ) -> bool:
         """The turn sent at ``version`` ended on ``member`` (its notice is pushed). True when
-        a holding was deleted; with ``pipe`` the release is only queued on it (False), as a
+        a holding was deleted; with ``pipeline`` the release is only queued on it (False), as a
         bare ``EVALSHA``: a script object would make redis-py ask ``SCRIPT EXISTS`` before
         every pipeline, a round trip per turn. Pass the pipeline's reply to
         :meth:`released_on` to finish it."""
         args = [f"{tenant}/{trajectory_id}", str(version), "version"]
-        if pipe is not None:
-            pipe.execute_command("EVALSHA", self._release.sha, 1, self.key(member), *args)
+        if pipeline is not None:
+            pipeline.execute_command("EVALSHA", self._release.sha, 1, self.key(member), *args)
             return False
         return bool(self._release(keys=[self.key(member)], args=args))
 
@@ -227,14 +232,14 @@ class Holdings:
 
     def holders(self) -> set[str]:
         raw = cast(set[bytes], self.client.smembers(self.members_key))
-        return {_text(m) for m in raw}
+        return {text(m) for m in raw}
 
     def held(self, member: str) -> list[Held]:
         raw = cast(dict[bytes, bytes], self.client.hgetall(self.key(member)))
         out = []
         for k, v in raw.items():
             try:
-                out.append(Held.parse(_text(k), _text(v)))
+                out.append(Held.parse(text(k), text(v)))
             except ValueError:
                 log.warning("bad holding %r=%r of %s dropped", k, v, member)
                 self.client.hdel(self.key(member), k)
@@ -375,7 +380,3 @@ def _sent_turn(rec: TrajectoryRecord, call_id: str) -> int | None:
         _, _, n = call_id.rpartition("/m")
         return int(n) if n.isdigit() else None
     return op.turn
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -78,13 +78,12 @@ from router.claims import (
     claims_from,
     enqueued_from,
     store_readiness,
-    text,
 )
 from router.drr import Nomination, ReadyCall
 from router.fairness import FairnessBook, FairnessFigures
 from router.redis_gates import LuaScript, RedisGates, admitter_tag
 from router.tenants import AdmissionConfig, LaneIndex, TenantConfig
-from store.redis_store import script_reply
+from store.redis_client import Batch, script_reply, text
 
 __all__ = ["Claim", "ClaimAttempt", "ClaimBatch", "Reconciled", "RedisAdmitter", "store_readiness"]
 
@@ -350,11 +349,11 @@ class RedisAdmitter:
         reply = self._commit(self._keys, (self._now(), *(c.claim_id for c in claims)), retry=False)
         return self._committed(claims, reply)
 
-    def commit_on(self, pipe: Any, claim: Claim) -> Callable[[Any], float | None]:
+    def commit_on(self, pipeline: Batch, claim: Claim) -> Callable[[Any], float | None]:
         """Queue the commit of ``claim`` on a pipeline (a bare ``EVALSHA``, executed with
         ``raise_on_error=False``) beside other writes; pass its reply to the function returned
         for :meth:`commit_many`'s answer (a server that lost the script: committed again)."""
-        pipe.execute_command(
+        pipeline.execute_command(
             "EVALSHA", self._commit.sha, 1, *self._keys, self._now(), claim.claim_id
         )
 

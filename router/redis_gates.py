@@ -27,7 +27,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from kernel.errors import ConfigError, StoreError, StoreUnavailable
 from router.gates import Clock, Feedback, GateConfig, GateReading, ProviderGates
-from store.redis_store import TRANSIENT, direct_command, retry_transient
+from store.redis_client import TRANSIENT, direct_command, retry_transient, text
 
 _LUA = Path(__file__).parent / "lua"
 _T = TypeVar("_T")
@@ -38,10 +38,6 @@ def admitter_tag(prefix: str) -> str:
     if not prefix or any(c in prefix for c in "{} "):
         raise ConfigError(f"REINS_KEY_PREFIX: {prefix!r} must be non-empty, without braces")
     return f"{{{prefix}:adm}}"
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class LuaScript:
@@ -91,17 +87,17 @@ def reading_from(route: str, reply: Sequence[Any]) -> GateReading:
     return GateReading(
         route=route,
         ok=int(reply[0]) == 1,
-        reason=_text(reply[1]),
+        reason=text(reply[1]),
         requests=int(reply[2]),
         tokens=int(reply[3]),
         leases=int(reply[4]),
         rpm=int(reply[5]),
         tpm=int(reply[6]),
         concurrency=int(reply[7]),
-        paused_until=float(_text(reply[8])),
+        paused_until=float(text(reply[8])),
         remaining_requests=int(reply[9]),
         remaining_tokens=int(reply[10]),
-        remaining_until=float(_text(reply[11])),
+        remaining_until=float(text(reply[11])),
     )
 
 

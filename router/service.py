@@ -68,7 +68,8 @@ from router.stranded import StrandedTurns
 from router.submit import RouterApi
 from router.tenants import AdmissionConfig
 from router.ticker import Ticker
-from store.redis_store import RedisStore, client_from_url
+from store.redis_client import client_from_url
+from store.redis_store import RedisStore
 
 log = logging.getLogger("reins.router")
 _LEASE = Path(__file__).with_name("admit_lease.lua")

@@ -61,12 +61,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import quote, unquote
 
 import redis
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from redis.exceptions import NoScriptError, RedisError
 
 from kernel.chain import ChainRow
 from kernel.errors import (
@@ -90,39 +85,17 @@ from store.base import (
     encode_result,
     settle,
 )
+from store.redis_client import (
+    TRANSIENT,
+    client_from_url,
+    direct_batch,
+    direct_command,
+    retry_transient,
+    script_reply,
+    text,
+)
 
-TRANSIENT = (RedisConnectionError, RedisTimeoutError)
 _T = TypeVar("_T")
-
-
-def retry_transient(fn: Callable[[], _T], *, what: str, attempts: int, counted: int) -> _T:
-    """Run ``fn``, retrying transient Redis errors up to ``attempts`` times with jittered
-    backoff; then raise :class:`StoreUnavailable` (saying ``counted`` attempts were made), and
-    turn any other Redis error into :class:`StoreError`. Callers retry only what is safe to
-    repeat (reads, and scripts that recognise their own repeat).
-
-    The first attempt runs bare: building the retry machinery costs more than a round trip,
-    and only a failure needs it."""
-    try:
-        try:
-            return fn()
-        except TRANSIENT:
-            if attempts <= 1:
-                raise
-        retrying = Retrying(
-            stop=stop_after_attempt(attempts - 1),
-            wait=wait_exponential_jitter(multiplier=0.005, max=0.5, jitter=0.005),
-            retry=retry_if_exception_type(TRANSIENT),
-            reraise=True,
-        )
-        return retrying(fn)
-    except TRANSIENT as exc:
-        raise StoreUnavailable(
-            f"{what}: Redis unreachable after {counted} attempts ({exc})"
-        ) from exc
-    except RedisError as exc:
-        raise StoreError(f"{what}: {exc}") from exc
-
 
 # The index score of each state. Fixed here, never derived from the enum's order: a stored
 # index must keep its meaning when the enum changes. A state missing here fails at import.
@@ -148,10 +121,6 @@ def _load_script(name: str) -> str:
     return (Path(__file__).parent / "lua" / name).read_text(encoding="utf-8")
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 @lru_cache(maxsize=65536)
 def _enc(part: str) -> str:
     return quote(part, safe="")
@@ -162,110 +131,6 @@ def _commit_keys(prefix: str, tenant: str, trajectory_id: str) -> tuple[str, str
     """Snapshot key, chain key and the tenant's index key: built once per trajectory."""
     tag = f"{{{prefix}:{_enc(tenant)}:{_enc(trajectory_id)}"
     return f"{tag}{_SNAP_SUFFIX}", f"{tag}}}:chain", f"{{{prefix}:{_enc(tenant)}}}:index"
-
-
-def client_from_url(url: str) -> redis.Redis:
-    """A redis-py client for ``url`` with its own retries off (the store does the retrying)."""
-    try:
-        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
-    except ValueError as exc:
-        raise ConfigError(f"REINS_REDIS_URL: {exc}") from None
-
-
-def direct_command(client: redis.Redis) -> Callable[..., Any]:
-    """``client.execute_command`` for commands whose reply needs no conversion (``EVALSHA``,
-    ``HMGET``), without redis-py's layers around each call: a connection from the pool, the
-    command, its reply, the connection back. What those layers add per call (its retry wrapper,
-    argument checks, event dispatch, telemetry hooks) showed as about a third of a fleet turn's
-    time in Redis calls; retries are the store's own (:data:`TRANSIENT`). A client pinned to
-    one connection, or of another kind, keeps its own ``execute_command``.
-    """
-    pool = getattr(client, "connection_pool", None)
-    if type(client) is not redis.Redis or pool is None or client.connection is not None:
-        return client.execute_command
-
-    def execute(*args: Any) -> Any:
-        conn = pool.get_connection()
-        try:
-            conn.send_command(*args)
-            return conn.read_response()
-        except BaseException as exc:
-            if not isinstance(exc, ResponseError):  # a reply may still be on its way: drop it
-                conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
-
-    return execute
-
-
-class DirectBatch:
-    """Commands sent together on one pooled connection and their replies read in order, as
-    ``client.pipeline(transaction=False)`` does, without its machinery; for commands whose
-    reply needs no conversion (``RPUSH``, ``LPUSH``, ``HSET``, ``SADD``, ``EVALSHA``). The
-    worker's notice and the router's holdings and turn messages go this way, once per turn.
-    """
-
-    def __init__(self, client: redis.Redis) -> None:
-        self._pool = client.connection_pool
-        self.commands: list[tuple[Any, ...]] = []
-
-    def execute_command(self, *args: Any) -> DirectBatch:
-        """Queue one command."""
-        self.commands.append(args)
-        return self
-
-    def rpush(self, key: str, *values: Any) -> DirectBatch:
-        return self.execute_command("RPUSH", key, *values)
-
-    def lpush(self, key: str, *values: Any) -> DirectBatch:
-        return self.execute_command("LPUSH", key, *values)
-
-    def execute(self, raise_on_error: bool = True) -> list[Any]:
-        """Send what is queued, in one write; the replies in order. An error reply is raised
-        (the first), or with ``raise_on_error=False`` returned in its place."""
-        commands, self.commands = self.commands, []
-        if not commands:
-            return []
-        conn: Any = self._pool.get_connection()  # redis-py leaves these methods untyped
-        replies: list[Any] = []
-        try:
-            conn.send_packed_command(conn.pack_commands(commands))
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-        except BaseException:
-            conn.disconnect()  # replies may still be on their way: this connection is spent
-            raise
-        finally:
-            self._pool.release(conn)
-        if raise_on_error:
-            for reply in replies:
-                if isinstance(reply, ResponseError):
-                    raise reply
-        return replies
-
-
-def script_reply(reply: Any, again: Callable[[], Any]) -> Any:
-    """The reply of a bare ``EVALSHA`` sent in a batch (executed with ``raise_on_error=False``,
-    so no ``SCRIPT EXISTS`` round trip goes before it): a server that lost its scripts
-    (restarted, flushed) answers ``NOSCRIPT``, and ``again`` loads the script and runs it once
-    more; any other error reply is raised."""
-    if isinstance(reply, NoScriptError):
-        return again()
-    if isinstance(reply, Exception):
-        raise reply
-    return reply
-
-
-def direct_batch(client: redis.Redis) -> Any:
-    """A :class:`DirectBatch` on ``client``, or its own pipeline (no transaction) for a client
-    pinned to one connection or of another kind."""
-    if type(client) is not redis.Redis or client.connection is not None:
-        return client.pipeline(transaction=False)
-    return DirectBatch(client)
 
 
 class RedisStore(TrajectoryStore):
@@ -399,9 +264,9 @@ class RedisStore(TrajectoryStore):
     ) -> list[int]:
         """After a lost reply: find out whether the commit landed, and finish it if not."""
         stored_id, current = self._client.hmget(snap_key, [f"c{commit.version}", "v"])
-        if stored_id is not None and _text(stored_id) == commit.commit_id:
+        if stored_id is not None and text(stored_id) == commit.commit_id:
             return [Outcome.REPEAT, commit.version]
-        current_version = int(_text(current)) if current is not None else 0
+        current_version = int(text(current)) if current is not None else 0
         if current_version != commit.expected_version:
             return [Outcome.CONFLICT, current_version]
         # Not applied (or still in flight on the dead connection): the script's own commit-id
@@ -418,7 +283,7 @@ class RedisStore(TrajectoryStore):
         if data is None:
             raise SnapshotNotFound(f"trajectory {trajectory_id} not found in tenant {tenant}")
         try:
-            stored_version = int(_text(version))
+            stored_version = int(text(version))
         except ValueError:
             raise CorruptSnapshot(
                 f"trajectory {trajectory_id} in tenant {tenant}: stored version {version!r}"
@@ -433,7 +298,7 @@ class RedisStore(TrajectoryStore):
             f"listing tenant {tenant}", lambda: self._client.zrangebyscore(key, low, high)
         )
         skip = len(self.prefix) + len(_enc(tenant)) + 3  # "{P:T:"
-        return sorted(unquote(_text(m)[skip : -len(_SNAP_SUFFIX)]) for m in members)
+        return sorted(unquote(text(m)[skip : -len(_SNAP_SUFFIX)]) for m in members)
 
     def count(self, tenant: str, state: LifecycleState | None = None) -> int:
         """ZCOUNT over the tenant's index (one score per state): no ids are read."""
@@ -451,7 +316,7 @@ class RedisStore(TrajectoryStore):
             f"reading commits of trajectory {trajectory_id}",
             lambda: self._client.hget(snap_key, f"c{version}"),
         )
-        return None if stored is None else _text(stored)
+        return None if stored is None else text(stored)
 
     def rebuild_index(self, tenant: str) -> int:
         """Rebuild the tenant's state index from its snapshots; return how many it lists.
@@ -466,7 +331,7 @@ class RedisStore(TrajectoryStore):
             for key in self._client.scan_iter(match=pattern, count=1000):
                 code = self._client.hget(key, "s")
                 if code is not None:
-                    members[_text(key)] = int(_text(code))
+                    members[text(key)] = int(text(code))
             pipe = self._client.pipeline(transaction=True)
             pipe.delete(self.index_key(tenant))
             if members:
@@ -495,7 +360,7 @@ class RedisStore(TrajectoryStore):
             f"recording idempotency key {key}",
             lambda: self._client.set(ledger_key, data, nx=True, get=True),
         )
-        return decode_result(data if previous is None else _text(previous))
+        return decode_result(data if previous is None else text(previous))
 
     def lookup(self, tenant: str, key: str) -> JsonObject | None:
         """The stored result, or None."""

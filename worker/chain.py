@@ -58,7 +58,8 @@ from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
 from store.base import prepare_commit
-from store.redis_store import RedisStore, direct_batch
+from store.redis_client import direct_batch
+from store.redis_store import RedisStore
 
 log = logging.getLogger("reins.worker.chain")
 REDEBIT_WAIT_S = (0.05, 1.0)  # first and longest wait between debits of a lapsed claim
@@ -197,7 +198,7 @@ class TurnChain:
             return result, nxt
         pipe = direct_batch(self.client)  # the claim's commit and the figures: one round trip
         committed = self.admitter.commit_on(pipe, claim)
-        self.feed.record_admissions([self._entry(claim, now)], pipe=pipe)
+        self.feed.record_admissions([self._entry(claim, now)], pipeline=pipe)
         replies = pipe.execute(raise_on_error=False)
         for reply in replies[1:]:
             if isinstance(reply, Exception):

@@ -53,7 +53,8 @@ from router.gates import GateConfig
 from router.membership import Membership
 from router.reconcile import Holdings
 from router.redis_gates import RedisGates
-from store.redis_store import RedisStore, client_from_url
+from store.redis_client import client_from_url
+from store.redis_store import RedisStore
 from worker.celery_app import worker_app
 from worker.chain import TurnChain
 from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools

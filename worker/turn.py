@@ -438,12 +438,12 @@ class TurnRunner:
             notice = replace(
                 notice, lease=msg.lease, lease_route=msg.route, used_tokens=used_tokens
             )
-        pipe = self.feed.pipeline()  # the notice, then the release: one round trip
+        pipe = self.feed.batch()  # the notice, then the release: one round trip
         holding = (self.worker, msg.tenant, msg.trajectory_id, msg.version)
         try:
-            self.feed.push(notice, pipe=pipe)
+            self.feed.push(notice, pipeline=pipe)
             if self.holdings is not None:
-                self.holdings.release(*holding, pipe=pipe)
+                self.holdings.release(*holding, pipeline=pipe)
             replies = pipe.execute(raise_on_error=False)
             if isinstance(replies[0], Exception):
                 raise replies[0]

@@ -53,7 +53,7 @@ from router.gates import GateConfig
 from router.redis_admitter import Claim, RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
-from store.redis_store import client_from_url
+from store.redis_client import client_from_url
 
 # --- part 1: backlogged tenants -------------------------------------------------------------
 

@@ -32,7 +32,8 @@ from kernel.record import PlanStep, TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import LifecycleState
 from store.base import Commit, TrajectoryStore, prepare_commit
-from store.redis_store import RedisStore, client_from_url
+from store.redis_client import client_from_url
+from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
 
 TENANT = "bench"

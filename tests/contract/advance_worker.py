@@ -93,7 +93,8 @@ def open_store(spec: str) -> TrajectoryStore:
 
         return SqliteStore(rest)
     if kind == "redis":
-        from store.redis_store import RedisStore, client_from_url
+        from store.redis_client import client_from_url
+        from store.redis_store import RedisStore
 
         url, _, prefix = rest.rpartition("|")
         return RedisStore(client_from_url(url), prefix=prefix)

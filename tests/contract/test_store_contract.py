@@ -26,7 +26,8 @@ from kernel.errors import (
 from kernel.states import LifecycleState
 from store.base import TrajectoryStore
 from store.memory import MemoryStore
-from store.redis_store import RedisStore, client_from_url
+from store.redis_client import client_from_url
+from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import advance, make_record, next_version, row_for

@@ -75,7 +75,7 @@ def test_a_release_queued_on_a_pipeline_is_finished_from_its_reply(inproc: InPro
     for _ in range(2):  # the first may meet a server that has not loaded the script yet
         assert held_ids(holdings, "w1") == {tid}
         pipe = inproc.client.pipeline(transaction=False)
-        holdings.release(*turn, pipe=pipe)
+        holdings.release(*turn, pipeline=pipe)
         (reply,) = pipe.execute(raise_on_error=False)
         assert holdings.released_on(reply, *turn), f"released (reply {reply!r})"
         assert holdings.held("w1") == []
@@ -220,7 +220,7 @@ def test_a_turn_that_ended_ready_whose_notice_died_with_its_member_is_queued_aga
         pass
 
     class DiesAtTheNotice(Feed):
-        def push(self, *notices: Notice, pipe: Any = None) -> None:
+        def push(self, *notices: Notice, pipeline: Any = None) -> None:
             raise Killed
 
     w1 = runner_of(inproc, "w1")

@@ -31,13 +31,8 @@ from redis.retry import Retry
 from kernel.errors import ConcurrentModification, ReinsError, StoreUnavailable
 from kernel.states import LifecycleState
 from store.base import prepare_commit
-from store.redis_store import (
-    DirectBatch,
-    RedisStore,
-    client_from_url,
-    direct_batch,
-    direct_command,
-)
+from store.redis_client import DirectBatch, client_from_url, direct_batch, direct_command
+from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for
 
