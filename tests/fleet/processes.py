@@ -17,12 +17,13 @@ import redis
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import TERMINAL
-from ops.fleet_local import LocalFleet, wait_for
+from ops.fleet_local import LocalFleet
 from router.feed import Feed
 from router.service import AdmitterKind, RouterOptions, RouterService
 from router.submit import RouterApi
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
+from tests.support import wait_for
 
 BACKEND = "ops.cli_fleet:support_store_redis"
 

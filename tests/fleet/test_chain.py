@@ -26,6 +26,7 @@ from router.tenants import AdmissionConfig
 from tests.fleet.conftest import ROUTE
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.fleet.processes import effects_by_order, order_of
+from tests.support import ManualClock
 from worker import chain as chain_module
 
 pytestmark = pytest.mark.redis
@@ -189,21 +190,21 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
     )
     chain = fleet.chain
     assert chain is not None
-    clock = [time.time()]
+    clock = ManualClock(time.time())
     gates = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
     admitter = RedisAdmitter(
         redis_client,
         AdmissionConfig.from_file(str(tenants_file)),
         prefix=key_prefix,
         gates=gates,
-        clock=lambda: clock[0],
+        clock=clock,
     )
     chain.admitter = admitter
     reaped: list[Any] = []
     commit_on = admitter.commit_on
 
     def reaped_first(pipe: Any, claim: Any) -> Any:  # the claim outlives its deadline first
-        clock[0] += 3600
+        clock.advance(3600)
         reaped.append(admitter.reconcile(store_readiness(fleet.store)))
         return commit_on(pipe, claim)
 

@@ -23,7 +23,7 @@ import redis
 from examples.support_store.state import RedisState
 from kernel.record import TrajectoryRecord
 from kernel.states import TERMINAL, StopReason
-from ops.fleet_local import LocalFleet, wait_for
+from ops.fleet_local import LocalFleet
 from router.reconcile import Holdings
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
@@ -37,6 +37,7 @@ from tests.fleet.processes import (
     stop_all,
     wait_all_ended,
 )
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 TRAJECTORIES = 150

@@ -21,7 +21,7 @@ import redis
 from kernel.events import CallModel
 from kernel.settings import Settings
 from kernel.states import LifecycleState
-from ops.fleet_local import LocalFleet, wait_for
+from ops.fleet_local import LocalFleet
 from router.broker import make_app, send_turn
 from router.dispatch import placement_key
 from router.feed import TurnMessage
@@ -30,6 +30,7 @@ from store.redis_store import RedisStore
 from tests.fleet.harness import refund_job, seed_orders
 from tests.fleet.processes import caller_api, start, stop_all
 from tests.providers.fake_openai import FakeOpenAI, Reply
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 S = LifecycleState

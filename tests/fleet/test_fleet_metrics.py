@@ -24,12 +24,13 @@ from kernel.chain import RowKind
 from kernel.events import ReplyStatus
 from kernel.states import TERMINAL, LifecycleState, StopReason
 from ops import dashboard
-from ops.fleet_local import LocalFleet, wait_for
+from ops.fleet_local import LocalFleet
 from ops.metrics import OTHER, TOOL_OUTCOMES, Metrics
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders, submit_refunds
 from tests.fleet.processes import BACKEND, caller_api, stop_all, wait_all_ended
+from tests.support import wait_for
 
 pytestmark = pytest.mark.redis
 TENANTS = list(WEIGHTS)

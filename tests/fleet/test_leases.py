@@ -16,14 +16,15 @@ from router.gates import GateConfig
 from router.redis_gates import RedisGates
 from tests.fleet.conftest import ROUTE
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
+from tests.support import ManualClock
 from worker.leases import LeaseKeeper
 
 pytestmark = pytest.mark.redis
 
 
-def gates_at(client: redis.Redis, prefix: str, clock: list[float]) -> RedisGates:
+def gates_at(client: redis.Redis, prefix: str, clock: ManualClock) -> RedisGates:
     config = GateConfig.from_mapping({"routes": {ROUTE: {"concurrency": 2, "lease_ttl_s": 3}}})
-    gates = RedisGates(client, config, prefix=prefix, clock=lambda: clock[0])
+    gates = RedisGates(client, config, prefix=prefix, clock=clock)
     gates.configure()
     return gates
 
@@ -31,14 +32,14 @@ def gates_at(client: redis.Redis, prefix: str, clock: list[float]) -> RedisGates
 def test_a_renewed_lease_outlives_its_ttl_and_an_unrenewed_one_lapses(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    clock = [1000.0]
+    clock = ManualClock(1000.0)
     gates = gates_at(redis_client, key_prefix, clock)
     assert gates.debit(ROUTE, "kept", 10).ok and gates.debit(ROUTE, "left", 10).ok
     assert not gates.debit(ROUTE, "third", 10).ok, "concurrency 2: full"
-    keeper = LeaseKeeper(gates, clock=lambda: clock[0])
+    keeper = LeaseKeeper(gates, clock=clock)
     keeper.hold(ROUTE, "kept", 3.0)
     for now in (1000.5, 1001.0, 1002.0, 1003.0, 1004.0, 1005.0):  # one beat a second
-        clock[0] = now
+        clock.set(now)
         keeper.renew_due()
     assert keeper.renewed >= 4 and keeper.lost == 0
     reading = gates.reading(ROUTE)
@@ -46,7 +47,7 @@ def test_a_renewed_lease_outlives_its_ttl_and_an_unrenewed_one_lapses(
     assert gates.debit(ROUTE, "fourth", 10).ok and not gates.debit(ROUTE, "fifth", 10).ok
 
     keeper.drop("kept")  # the turn ended
-    clock[0] = 1010.0
+    clock.set(1010.0)
     assert keeper.renew_due() == 0 and keeper.held() == []
     assert gates.reading(ROUTE).leases == 0, "dropped: it lapsed like any other"
 
@@ -54,12 +55,12 @@ def test_a_renewed_lease_outlives_its_ttl_and_an_unrenewed_one_lapses(
 def test_a_lease_the_gate_no_longer_holds_is_let_go(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    clock = [2000.0]
+    clock = ManualClock(2000.0)
     gates = gates_at(redis_client, key_prefix, clock)
     assert gates.debit(ROUTE, "late", 10).ok
-    keeper = LeaseKeeper(gates, clock=lambda: clock[0])
+    keeper = LeaseKeeper(gates, clock=clock)
     keeper.hold(ROUTE, "late", 3.0)
-    clock[0] = 2004.0  # the worker stalled past the ttl: the slot is gone
+    clock.set(2004.0)  # the worker stalled past the ttl: the slot is gone
     assert keeper.renew_due() == 0 and keeper.lost == 1 and keeper.held() == []
 
 

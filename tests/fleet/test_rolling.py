@@ -26,7 +26,7 @@ import redis
 from examples.support_store.state import RedisState
 from kernel.record import OpStatus, TrajectoryRecord
 from kernel.states import StopReason
-from ops.fleet_local import LocalFleet, wait_for
+from ops.fleet_local import LocalFleet
 from router.feed import Feed
 from router.membership import Membership
 from router.reconcile import Holdings
@@ -44,6 +44,7 @@ from tests.fleet.processes import (
     wait_admissions,
     wait_all_ended,
 )
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 SLOW_MODEL = {

@@ -12,14 +12,15 @@ import pytest
 from kernel.states import LifecycleState, StopReason
 from router.ticker import Ticker
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
+from tests.support import ManualClock
 
 pytestmark = pytest.mark.redis
 S = LifecycleState
 TENANTS = ("acme", "globex", "initech")
 
 
-def ticker(inproc: InProcessFleet, clock: list[float]) -> Ticker:
-    return Ticker(inproc.api, TENANTS, every_s=5.0, clock=lambda: clock[0])
+def ticker(inproc: InProcessFleet, clock: ManualClock) -> Ticker:
+    return Ticker(inproc.api, TENANTS, every_s=5.0, clock=clock)
 
 
 def test_a_paused_trajectory_past_its_wall_clock_ends_and_nothing_is_written_before(
@@ -31,14 +32,14 @@ def test_a_paused_trajectory_past_its_wall_clock_ends_and_nothing_is_written_bef
     inproc.api.control("acme", sub.trajectory_id, "pause", "operator")
     paused = inproc.load("acme", sub.trajectory_id)
     assert paused.state is S.PAUSED
-    clock = [paused.submitted_at + 58.0]
+    clock = ManualClock(paused.submitted_at + 58.0)
     first, second = ticker(inproc, clock), ticker(inproc, clock)  # two routers
     assert first.tick() == [] and second.tick() == []
     assert inproc.load("acme", sub.trajectory_id) == paused, "nothing due: nothing written"
 
-    clock[0] = paused.submitted_at + 61.0  # past the limit, but no visit is due yet
+    clock.set(paused.submitted_at + 61.0)  # past the limit, but no visit is due yet
     assert first.tick() == [] and inproc.load("acme", sub.trajectory_id) == paused
-    clock[0] = paused.submitted_at + 64.0
+    clock.set(paused.submitted_at + 64.0)
     changed = first.tick() + second.tick()
     assert changed == [sub.trajectory_id], "changed once, by whichever ticked first"
     ended = inproc.load("acme", sub.trajectory_id)
@@ -53,10 +54,10 @@ def test_an_approval_past_its_time_to_live_expires(inproc: InProcessFleet) -> No
     inproc.run_until_quiet()
     held = inproc.load("acme", tid)
     assert held.state is S.AWAITING_APPROVAL and held.held is not None
-    clock = [held.held.expires_at - 1.0]
+    clock = ManualClock(held.held.expires_at - 1.0)
     tick = ticker(inproc, clock)
     assert tick.tick() == [] and inproc.load("acme", tid) == held
-    clock[0] = held.held.expires_at + 10.0
+    clock.set(held.held.expires_at + 10.0)
     assert tick.tick() == [tid]
     after = inproc.load("acme", tid)
     assert after.state is not S.AWAITING_APPROVAL

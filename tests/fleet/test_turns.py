@@ -21,6 +21,7 @@ from kernel.states import LifecycleState, StopReason
 from router.feed import CancelListener, NoticeKind, TurnMessage
 from router.stranded import StrandedTurns
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
+from tests.support import ManualClock
 from worker.models import ModelReply
 
 pytestmark = pytest.mark.redis
@@ -197,10 +198,10 @@ def test_a_turn_stranded_between_the_refund_and_its_result_is_swept_with_one_ref
     backend.call = real_call  # type: ignore[method-assign]
     report = inproc.runner.run(stranded, redelivered=True)  # its version is stale now
     assert "stale version" in report.reason and inproc.load("globex", tid) == rec
-    clock = [0.0]
-    sweep = StrandedTurns(inproc.api, ("globex",), 5.0, lambda: clock[0])
+    clock = ManualClock()
+    sweep = StrandedTurns(inproc.api, ("globex",), 5.0, clock)
     for now in (0.0, 6.0, 12.0):  # first seen; version noted; still there: stranded
-        clock[0] = now
+        clock.set(now)
         recovered = sweep.sweep()
     assert recovered == [tid]
     sent = inproc.take()  # the lookup the recovery asks for goes to a worker
@@ -246,13 +247,13 @@ def test_a_turn_whose_message_was_lost_is_recovered_by_the_router_sweep(
     oid = seed_orders(inproc.client, inproc.prefix, 800, 1)[0]
     tid = inproc.api.submit("initech", refund_job(oid)).trajectory_id
     lost = one_turn_message(inproc)  # admitted and sent; the worker died holding it
-    clock = [0.0]
-    sweep = StrandedTurns(inproc.api, ("acme", "globex", "initech"), 10.0, lambda: clock[0])
+    clock = ManualClock()
+    sweep = StrandedTurns(inproc.api, ("acme", "globex", "initech"), 10.0, clock)
     assert sweep.sweep() == []  # first seen now
-    clock[0] = 11.0
+    clock.set(11.0)
     assert sweep.sweep() == []  # old enough: its version is noted, and watched again
     assert inproc.load("initech", tid).record_version == lost.version
-    clock[0] = 22.0
+    clock.set(22.0)
     assert sweep.sweep() == [tid], "still at the same version after the bound: stranded"
     rec = inproc.load("initech", tid)
     assert rec.state is S.READY and rec.operations[lost.call_id].status is OpStatus.UNKNOWN

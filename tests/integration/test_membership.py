@@ -22,6 +22,7 @@ from kernel.errors import (
 from ops.cli_ring import ring_app
 from router.membership import Membership, ReplicaRing
 from router.ring import Member, MemberState, Ring
+from tests.support import ManualClock
 
 pytestmark = pytest.mark.redis
 
@@ -30,26 +31,13 @@ TIMEOUT = 5.0
 KEYS = [f"trajectory-{i}" for i in range(2_000)]
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1_000.0)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def membership(redis_client: redis.Redis, key_prefix: str, clock: Clock) -> Membership:
+def membership(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) -> Membership:
     return Membership(
         redis_client,
         key_prefix,
@@ -85,7 +73,7 @@ def test_every_key_begins_with_the_prefix(
 
 
 def test_a_lapsed_heartbeat_leaves_the_ring_and_a_fresh_one_brings_it_back(
-    membership: Membership, clock: Clock
+    membership: Membership, clock: ManualClock
 ) -> None:
     membership.register("w1")
     membership.register("w2")
@@ -100,7 +88,7 @@ def test_a_lapsed_heartbeat_leaves_the_ring_and_a_fresh_one_brings_it_back(
 
 
 def test_heartbeat_exactly_at_the_timeout_is_still_live(
-    membership: Membership, clock: Clock
+    membership: Membership, clock: ManualClock
 ) -> None:
     membership.register("w1")
     clock.advance(TIMEOUT)
@@ -177,7 +165,7 @@ def test_bad_registration_is_refused_and_nothing_is_written(
 
 
 def test_every_replica_builds_the_identical_ring(
-    redis_client: redis.Redis, key_prefix: str, clock: Clock
+    redis_client: redis.Redis, key_prefix: str, clock: ManualClock
 ) -> None:
     writer = Membership(redis_client, key_prefix, clock=clock, points_per_weight=POINTS)
     for i in range(6):
@@ -197,7 +185,7 @@ def test_every_replica_builds_the_identical_ring(
 
 
 def test_refresh_rebuilds_only_when_membership_changes(
-    membership: Membership, clock: Clock
+    membership: Membership, clock: ManualClock
 ) -> None:
     membership.register("w1")
     replica = ReplicaRing(membership, "router-a")
@@ -212,7 +200,7 @@ def test_refresh_rebuilds_only_when_membership_changes(
 
 
 def test_a_drain_is_acknowledged_only_when_every_live_replica_includes_it(
-    membership: Membership, clock: Clock
+    membership: Membership, clock: ManualClock
 ) -> None:
     for name in ("w1", "w2", "w3"):
         membership.register(name)
@@ -232,7 +220,7 @@ def test_a_drain_is_acknowledged_only_when_every_live_replica_includes_it(
 
 
 def test_a_replica_that_stopped_publishing_does_not_hold_up_a_drain(
-    membership: Membership, clock: Clock
+    membership: Membership, clock: ManualClock
 ) -> None:
     for name in ("w1", "w2"):
         membership.register(name)

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,18 +18,10 @@ import redis
 
 from router.gates import GateReading
 from tests.quota.holder import HELD, ROUTE, admitter
+from tests.support import wait_for
 
 pytestmark = pytest.mark.redis
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def poll(condition: Callable[[], bool], within_s: float = 30.0) -> None:
-    """Wait until ``condition`` holds, checking every few milliseconds; fail after ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {within_s} s")
-        time.sleep(0.01)
 
 
 def test_a_killed_admitters_leases_expire_and_capacity_returns(
@@ -43,10 +34,14 @@ def test_a_killed_admitters_leases_expire_and_capacity_returns(
     for k in range(HELD + 2):
         adm.submit("acme", f"t{k}", input_tokens=2_000, output_allowance=500, route=ROUTE)
     proc = subprocess.Popen([sys.executable, "-m", "tests.quota.holder", key_prefix], cwd=ROOT)
+
+    def renewed(times: int) -> Callable[[], bool]:
+        return lambda: int(redis_client.get(f"{key_prefix}:holder-renewals") or 0) >= times
+
     try:
-        poll(lambda: redis_client.exists(f"{key_prefix}:holder-ready") == 1)
+        wait_for(lambda: redis_client.exists(f"{key_prefix}:holder-ready") == 1, 30, "the holder")
         # live: its leases outlast several lease lengths because it renews them
-        poll(lambda: int(redis_client.get(f"{key_prefix}:holder-renewals") or 0) >= 12)
+        wait_for(renewed(12), 30, "12 renewals by the holder")
         held: GateReading = gates.reading(ROUTE)
         # the committed calls' leases are held; the uncommitted claim's lapsed (nobody renews it)
         assert (held.leases, held.requests) == (HELD, HELD + 1)
@@ -56,16 +51,20 @@ def test_a_killed_admitters_leases_expire_and_capacity_returns(
             proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    poll(lambda: gates.reading(ROUTE).leases == 0)  # no renewals: every lease lapses
+    # no renewals: every lease lapses
+    wait_for(lambda: gates.reading(ROUTE).leases == 0, 30, "the leases to lapse", every_s=0.01)
     probes = [gates.debit(ROUTE, f"probe{n}", 100) for n in range(HELD + 2)]
     assert [p.ok for p in probes] == [True] * (HELD + 1) + [False]  # all of it is back
     for n in range(HELD + 1):
         gates.release(ROUTE, f"probe{n}")
     # the claim it never committed goes back to READY once its deadline has passed
     requeued: list[str] = []
-    poll(
-        lambda: bool(requeued.extend(adm.reconcile(lambda tenant, tid: True).requeued) or requeued)
-    )
+
+    def reconciled() -> bool:
+        requeued.extend(adm.reconcile(lambda tenant, tid: True).requeued)
+        return bool(requeued)
+
+    wait_for(reconciled, 30, "the uncommitted claim to be requeued", every_s=0.01)
     assert requeued == [f"t{HELD}"]
     claim = adm.nominate()
     assert claim is not None and claim.call.trajectory_id == f"t{HELD}"

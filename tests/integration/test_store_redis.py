@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from store.redis_client import DirectBatch, client_from_url, direct_batch, direc
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.redis
 
@@ -292,16 +292,17 @@ class OwnRedis:
         args += ["--logfile", str(self.dir / "redis.log")]
         self.proc = subprocess.Popen([binary, *args])
         probe = redis.Redis.from_url(self.url, socket_timeout=1)
-        try:
-            for _ in range(400):  # bounded: up to about 10 s for start and AOF load
-                try:
-                    if probe.ping():
-                        return
-                except redis.ConnectionError:  # includes BusyLoadingError
-                    pass
-                assert self.proc.poll() is None, "redis-server exited on start"
-                time.sleep(0.025)
-            pytest.fail(f"redis-server on port {self.port} did not come up")
+        proc = self.proc
+
+        def up() -> bool:
+            assert proc.poll() is None, "redis-server exited on start"
+            try:
+                return bool(probe.ping())
+            except redis.ConnectionError:  # includes BusyLoadingError
+                return False
+
+        try:  # start and AOF load
+            wait_for(up, 10, f"redis-server on port {self.port} to come up", every_s=0.025)
         finally:
             probe.close()
 

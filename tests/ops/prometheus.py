@@ -13,14 +13,14 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from tests.support import wait_for
 
 SCRAPE_INTERVAL = "200ms"
 JOB = "reins"
@@ -39,15 +39,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` once ``timeout_s`` passed."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(POLL_S)  # polling interval of a bounded wait, not a synchronisation
 
 
 class PrometheusServer:
@@ -111,7 +102,7 @@ class PrometheusServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 return False
 
-        wait_for(ready, self.startup_timeout_s, "prometheus to be ready")
+        wait_for(ready, self.startup_timeout_s, "prometheus to be ready", every_s=POLL_S)
 
     def __exit__(
         self,
@@ -171,4 +162,6 @@ class PrometheusServer:
 
     def wait_scraped_after(self, t: float, timeout_s: float = 30) -> None:
         """Wait until every target has been scraped by a scrape that began after ``t``."""
-        wait_for(lambda: self.last_scrape() > t, timeout_s, f"a scrape after {t:.3f}")
+        wait_for(
+            lambda: self.last_scrape() > t, timeout_s, f"a scrape after {t:.3f}", every_s=POLL_S
+        )

@@ -23,6 +23,7 @@ from router.admitter import Admitter
 from router.membership import MemberRecord
 from router.observe import provider_of
 from router.tenants import AdmissionConfig
+from tests.support import ManualClock
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel
 
@@ -47,23 +48,13 @@ def admission_config() -> AdmissionConfig:
     )
 
 
-class Clock:
-    """Simulated time in seconds."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Workload:
     """The simulated fleet; :meth:`chunk` runs one slice of it and reports to ``metrics``."""
 
     def __init__(self, metrics: Metrics, seed: int = 7) -> None:
         self.metrics = metrics
         self.rng = random.Random(seed)
-        self.clock = Clock()
+        self.clock = ManualClock()
         config = admission_config()
         metrics.on_config(config)
         self.admitter = Admitter(config, self.clock)

@@ -9,33 +9,21 @@ import redis
 
 from router.gates import GateConfig, MemoryGates, ProviderGates
 from router.redis_gates import RedisGates
+from tests.support import ManualClock
 
 GATE_BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
 
 
-class Clock:
-    """A clock the test moves by hand (seconds)."""
-
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(1_000.0)
 
 
 MakeGates = Callable[[GateConfig], ProviderGates]
 
 
 @pytest.fixture(params=GATE_BACKENDS)
-def make_gates(request: pytest.FixtureRequest, clock: Clock) -> Iterator[MakeGates]:
+def make_gates(request: pytest.FixtureRequest, clock: ManualClock) -> Iterator[MakeGates]:
     if request.param == "memory":
         yield lambda cfg: MemoryGates(cfg, clock)
         return

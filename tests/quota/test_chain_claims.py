@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
-from tests.quota.conftest import Clock
 from tests.quota.test_redis_admitter import CONFIG, GATES, OPENAI
+from tests.support import ManualClock
 
 pytestmark = pytest.mark.redis
 Build = Callable[[], RedisAdmitter]
 
 
-def builder(client: redis.Redis, prefix: str, clock: Clock) -> Build:
+def builder(client: redis.Redis, prefix: str, clock: ManualClock) -> Build:
     def build() -> RedisAdmitter:
         p = f"{prefix}-{uuid.uuid4().hex[:8]}"  # each admitter its own state
         gates = RedisGates(client, GATES, prefix=p, clock=clock)
@@ -36,7 +36,7 @@ def builder(client: redis.Redis, prefix: str, clock: Clock) -> Build:
 
 
 @pytest.fixture
-def build(redis_client: redis.Redis, key_prefix: str, clock: Clock) -> Build:
+def build(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) -> Build:
     return builder(redis_client, key_prefix, clock)
 
 
@@ -83,7 +83,7 @@ def test_a_gated_call_is_claimed_exactly_when_the_router_would_claim_it_next(
     tenant: str,
     tokens: int,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock(1_000.0)
     build = builder(redis_client, key_prefix, clock)
     chained, routed = build(), build()
     for admitter in (chained, routed):  # one history for both

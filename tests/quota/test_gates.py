@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from router.gates import Feedback, GateConfig, feedback_from
-from tests.quota.conftest import Clock, MakeGates
+from tests.quota.conftest import MakeGates
+from tests.support import ManualClock
 
 ROUTE = "openai/gpt-4o-mini"
 
@@ -15,7 +16,7 @@ def limits(**kw: object) -> GateConfig:
 
 
 def test_requests_per_window_count_until_a_window_after_settlement(
-    make_gates: MakeGates, clock: Clock
+    make_gates: MakeGates, clock: ManualClock
 ) -> None:
     gates = make_gates(limits(rpm=3))
     assert [gates.debit(ROUTE, f"l{i}", 100).requests for i in range(3)] == [1, 2, 3]
@@ -31,7 +32,7 @@ def test_requests_per_window_count_until_a_window_after_settlement(
 
 
 def test_tokens_are_debited_in_full_and_corrected_at_settlement(
-    make_gates: MakeGates, clock: Clock
+    make_gates: MakeGates, clock: ManualClock
 ) -> None:
     gates = make_gates(limits(tpm=10_000))
     assert gates.debit(ROUTE, "a", 6_000).tokens == 6_000
@@ -45,7 +46,7 @@ def test_tokens_are_debited_in_full_and_corrected_at_settlement(
 
 
 def test_concurrency_leases_expire_unless_renewed_and_free_at_settlement(
-    make_gates: MakeGates, clock: Clock
+    make_gates: MakeGates, clock: ManualClock
 ) -> None:
     gates = make_gates(limits(concurrency=2))
     assert gates.debit(ROUTE, "a", 1).ok and gates.debit(ROUTE, "b", 1).ok
@@ -79,7 +80,7 @@ def test_a_repeated_debit_under_one_lease_counts_once(make_gates: MakeGates) -> 
 
 
 def test_a_429_with_retry_after_pauses_the_route_for_that_long(
-    make_gates: MakeGates, clock: Clock
+    make_gates: MakeGates, clock: ManualClock
 ) -> None:
     gates = make_gates(limits(rpm=100, concurrency=4))
     assert gates.debit(ROUTE, "a", 100).ok
@@ -106,7 +107,7 @@ def test_a_429_with_retry_after_pauses_the_route_for_that_long(
 
 
 def test_remaining_token_headers_lower_the_headroom_until_their_reset(
-    make_gates: MakeGates, clock: Clock
+    make_gates: MakeGates, clock: ManualClock
 ) -> None:
     gates = make_gates(limits(tpm=100_000))
     headers = {"x-ratelimit-remaining-tokens": "5000", "x-ratelimit-reset-tokens": "6m0s"}

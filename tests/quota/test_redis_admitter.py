@@ -22,7 +22,7 @@ from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
 from store.memory import MemoryStore
 from tests.kernel.harness import new_record
-from tests.quota.conftest import Clock
+from tests.support import ManualClock
 
 pytestmark = pytest.mark.redis
 
@@ -49,7 +49,7 @@ Make = Callable[..., RedisAdmitter]
 
 
 @pytest.fixture
-def make(redis_client: redis.Redis, key_prefix: str, clock: Clock) -> Make:
+def make(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) -> Make:
     gates = RedisGates(redis_client, GATES, prefix=key_prefix, clock=clock)
     gates.configure()
 
@@ -128,7 +128,9 @@ def test_a_gated_call_stays_ready_and_other_routes_go_on(make: Make) -> None:
     assert admitter.nominate() is not None
 
 
-def test_a_429_stops_admission_for_its_provider_for_that_long(make: Make, clock: Clock) -> None:
+def test_a_429_stops_admission_for_its_provider_for_that_long(
+    make: Make, clock: ManualClock
+) -> None:
     admitter = make()
     assert admitter.gates is not None
     fill(admitter, per_tenant=2, route=OPENAI, tenants=("acme",))
@@ -216,7 +218,7 @@ def admit_in_store(store: MemoryStore, tid: str) -> None:
 
 
 def test_a_claim_whose_dispatcher_died_before_its_commit_is_requeued_and_refunded(
-    make: Make, clock: Clock
+    make: Make, clock: ManualClock
 ) -> None:
     admitter = make(claim_ttl_s=5.0)
     assert admitter.gates is not None
@@ -241,7 +243,7 @@ def test_a_claim_whose_dispatcher_died_before_its_commit_is_requeued_and_refunde
 
 
 def test_a_claim_whose_record_was_admitted_but_never_committed_is_dropped(
-    make: Make, clock: Clock
+    make: Make, clock: ManualClock
 ) -> None:
     admitter = make(claim_ttl_s=5.0)
     assert admitter.gates is not None
@@ -259,7 +261,9 @@ def test_a_claim_whose_record_was_admitted_but_never_committed_is_dropped(
     assert debit.ok and debit.requests == 1
 
 
-def test_a_committed_claim_keeps_its_debit_through_reconciliation(make: Make, clock: Clock) -> None:
+def test_a_committed_claim_keeps_its_debit_through_reconciliation(
+    make: Make, clock: ManualClock
+) -> None:
     admitter = make(claim_ttl_s=5.0)
     assert admitter.gates is not None
     store = record_store("t1")
@@ -274,7 +278,7 @@ def test_a_committed_claim_keeps_its_debit_through_reconciliation(make: Make, cl
     assert (reading.requests, reading.tokens, reading.leases) == (1, 2_500, 1)
 
 
-def test_in_memory_admitter_with_memory_gates_keeps_gated_calls_ready(clock: Clock) -> None:
+def test_in_memory_admitter_with_memory_gates_keeps_gated_calls_ready(clock: ManualClock) -> None:
     gates = MemoryGates(GATES, clock)
     admitter = Admitter(CONFIG, clock)
     for k in range(3):
@@ -290,7 +294,7 @@ def test_in_memory_admitter_with_memory_gates_keeps_gated_calls_ready(clock: Clo
 
 
 def test_a_batch_of_claims_is_the_same_as_claims_one_after_another(
-    make: Make, clock: Clock
+    make: Make, clock: ManualClock
 ) -> None:
     admitter = make()
     reference = Admitter(CONFIG, clock)
@@ -323,7 +327,7 @@ def test_a_batch_of_claims_is_the_same_as_claims_one_after_another(
 
 
 def test_a_route_refused_in_admit_next_is_closed_for_the_tenants_behind(
-    redis_client: redis.Redis, key_prefix: str, clock: Clock
+    redis_client: redis.Redis, key_prefix: str, clock: ManualClock
 ) -> None:
     three = AdmissionConfig.from_mapping(
         {

@@ -16,6 +16,7 @@ from kernel.states import StopReason
 from router.admitter import Admitter, FinalizeNow
 from router.fairness import jain_index
 from router.tenants import AdmissionConfig
+from tests.support import ManualClock
 
 # (name, weight, input tokens, output allowance)
 Tenant = tuple[str, float, int, int]
@@ -392,14 +393,14 @@ def test_a_quiet_tenant_goes_before_a_loud_one_mid_visit_but_only_once_per_round
 
 
 def test_figures_count_waits_charge_and_jain_in_the_window() -> None:
-    now = [0.0]
+    now = ManualClock()
     tenants: list[Tenant] = [("a", 1, 2_000, 500), ("b", 1, 2_000, 500)]
     cfg = config(tenants, quantum=2_500, cap=20_000, fairness_window_s=10.0)  # 1 call a visit
-    admitter = Admitter(cfg, lambda: now[0])
+    admitter = Admitter(cfg, now)
     for k in range(3):
         admitter.submit("a", f"a{k}", input_tokens=2_000, output_allowance=500)
         admitter.submit("b", f"b{k}", input_tokens=2_000, output_allowance=500)
-    now[0] = 3.0
+    now.set(3.0)
     for _ in range(2):
         nomination = admitter.nominate()
         assert nomination is not None
@@ -412,7 +413,7 @@ def test_figures_count_waits_charge_and_jain_in_the_window() -> None:
     assert dict(a.wait_buckets)[2.5] == 0 and dict(a.wait_buckets)[5.0] == 1
     assert a.wait_buckets[-1] == (float("inf"), 1)
     assert a.wait_sum_s == 3.0
-    now[0] = 30.0  # both earlier admissions leave the window; b is admitted, a still waits
+    now.set(30.0)  # both earlier admissions leave the window; b is admitted, a still waits
     nomination = admitter.nominate()
     while nomination is not None and nomination.call.tenant != "b":
         admitter.decline(nomination)
