@@ -1,16 +1,10 @@
 """The Grafana dashboard of per-tenant fairness, built as data and committed as JSON.
 
-:func:`build` returns the dashboard (Grafana schema 39: a Prometheus datasource variable and a
-multi-value ``tenant`` variable); :func:`write` regenerates ``ops/dashboards/reins-fairness.json``,
-which the Helm chart ships as a ConfigMap for the Grafana sidecar. Run
-``python -m ops.dashboard`` after editing a panel; a test checks that the committed file is what
-:func:`build` gives (and so is the chart's copy, ``helm/reins/dashboards/``), and another runs
-every panel's PromQL against a real Prometheus.
-
-Expressions aggregate across processes: counters are summed over router replicas and workers;
-the admitter's gauges (READY depth, credit, Jain's index) describe one shared state, so they are
-taken with ``max``/``min`` rather than summed. The share panel divides by the charge of *every*
-tenant, so selecting a few tenants shows their share of the whole, not of the selection.
+:func:`build` returns the dashboard; :func:`write` regenerates the committed JSON
+(``python -m ops.dashboard``), which the chart ships for the Grafana sidecar; tests check the
+committed file against :func:`build` and run every panel's PromQL against a real Prometheus.
+Counters are summed over processes; the admitter's gauges describe one shared state, so they
+are taken with ``max``/``min``; a share is of every tenant's charge, not of the selection.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Prometheus metrics of the fleet: one object around its own registry, fed by domain events.
 
-Nothing is registered at import time. A process's boot step (:func:`served`, from the
-settings) builds :class:`Metrics` (which builds its own
-:class:`~prometheus_client.CollectorRegistry`), serves ``/metrics`` with :meth:`Metrics.serve`,
-and hands the object as the observer to the router's service and dispatch loop and to the
-worker's turn runner: it satisfies :class:`router.observe.RouterObserver` and
-:class:`worker.turn.TurnObserver` structurally, so neither imports this module. Observers take
-domain values (a tenant and a charge, a kernel :class:`~kernel.context.StepResult`, the admitter's
-:class:`~router.fairness.FairnessFigures`), so the loops never name a metric: metrics are a
-middleware, not code sprinkled through the loop.
-
-Labels: ``tenant`` where an operator asks "who", never a trajectory id (one series per run
-would grow without bound). Every other label value comes from a closed list (stop reasons,
-reply statuses, tool outcomes, ring states) or from configuration (providers, gates, tools,
-workers). Observers never raise on odd input: a value outside its closed list is counted as
-``other`` (or, for a stop reason, logged and skipped) so that a metrics bug cannot fail a turn
-whose commit already succeeded.
-
-Counters add up across router replicas and workers (``sum by (tenant)``). The admitter's
-gauges (READY depth, credit, Jain's index) describe shared state, so only the process that
-owns the admitter sets them (:meth:`Metrics.on_figures`) and the dashboard takes ``max``/``min``
-over replicas; a process that loses the admitter calls :meth:`Metrics.forget_figures`.
+Nothing registers at import: a process's boot step (:func:`served`) builds :class:`Metrics` and
+hands it to the router and the worker as their observer (it overrides
+:class:`router.observe.RouterObserver` and :class:`worker.turn.TurnObserver`), so the loops
+never name a metric. Labels are tenants and closed lists, never trajectory ids; a report never
+raises. Why, and how the gauges aggregate across replicas: ``docs/adr/0080-metrics-middleware.md``.
 """
 
 from __future__ import annotations

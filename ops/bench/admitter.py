@@ -1,32 +1,7 @@
 """``reins bench admitter``: admission speed, share accuracy, and noisy-neighbour isolation.
 
-Two parts, both in one process with simulated time (nothing sleeps):
-
-1. **Backlogged.** Three tenants of weights 3:2:1, each with its own mix of call sizes (2,500
-   to 64,000 charge tokens), stay backlogged: every admitted trajectory returns to READY with
-   its next call. The timed loop is the router's admission path: ``nominate``, ``commit``
-   (which also feeds the fairness figures) and ``requeue``. Reported: admissions per second
-   (best of several chunks, as timeit does, because these machines are shared; the median
-   chunk beside it), the largest
-   gap in percentage points between a tenant's share of the admitted charge and its weight
-   share, and Jain's index from the admitter's own sliding-window figures.
-2. **Noisy neighbour.** A provider of fixed throughput serves one call at a time. A quiet
-   tenant submits Poisson at 20 % of its share; an equal-weight neighbour submits either as
-   much (baseline) or 100 times as much (loud; far beyond the provider, so its ``max_ready``
-   refuses the excess). Reported: the quiet tenant's p99 admission wait, loud over baseline,
-   for the admitter and for FIFO admission (the peer) over the same arrivals. Call sizes are
-   the seed's interactive call (2,000 input + 500 output) for both tenants; the same run with
-   mixed sizes is reported beside it.
-3. **Through Redis.** The backlogged tenants of part 1 in :class:`RedisAdmitter` (state and a
-   provider gate in Redis, limits wide enough never to refuse), driven by ``redis_admitters``
-   processes at once, each running the router's path (claim with gate debit, commit, requeue)
-   until ``redis_admissions`` calls are admitted in all. ``redis_admissions_per_s`` is that
-   number over the wall time from the common start to the last process's end, with up to
-   ``redis_claim_batch`` calls per script run (``claim_many``, ``commit_many``,
-   ``requeue_many``: a dispatcher filling its free slots); ``redis_admissions_per_s_unbatched``
-   is the same run with one call per script run (``nominate``, ``commit``, ``requeue``).
-   Processes start and load their scripts before the clock starts. Keys live under a fresh
-   prefix, deleted after.
+In one process with simulated time (nothing sleeps), then through Redis with several admitter
+processes. The fields and the method are described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

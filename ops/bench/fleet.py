@@ -1,32 +1,7 @@
 """``reins bench fleet``: turns per second through the whole fleet, beside Celery doing nothing.
 
-Two router processes (the shared Redis admitter), two worker processes (thread pools), the
-real Redis on this machine; every process started and ended by PID (:mod:`ops.fleet_local`).
-Tools take no time (reads from an in-memory store); the model is scripted. In one run:
-
-* ``celery_noop_per_s``: fire-and-forget no-op tasks sent to the two workers' queues through
-  the same broker and worker settings, until both queues and the unacked set are empty;
-* ``steps_per_s``: turns per second with a zero-latency model (a turn is one model call and
-  the tool call it proposes: one Celery message, the kernel's steps, their compare-and-sets);
-  ``cpu_ratio`` = steps_per_s / celery_noop_per_s (target >= 0.4);
-* ``latency_efficiency``: with a model that takes 1 s of wall time in the worker thread and
-  200 trajectories at once, achieved turns per second over the ideal 200 / 1 s (target >= 0.8);
-* ``p99_admission_to_start_ms``: from the router's admission to the worker starting the turn,
-  in the latency phase (``..._saturated`` for the zero-latency phase, where turns queue).
-
-``chained_share`` (``..._latency``): the share of the zero-latency (latency) phase's admissions
-that workers made themselves, chaining a trajectory's next turn (:mod:`worker.chain`): with no
-provider gate in this bench, nearly all but each trajectory's first.
-
-Beside the rates, the CPU milliseconds each costs: per step for the routers, the workers and
-the Redis server, per no-op for the workers and the Redis server. On a small machine the
-zero-latency phase keeps every core busy, so ``cpu_ratio`` follows the ratio of those costs.
-
-Rates are taken over the middle 80 % of each phase's admissions (by time), so the ramp up and
-the drain at the end do not count; ``*_overall`` figures beside them cover whole phases. The
-machine is shared and noisy, so the no-op and zero-latency phases alternate for ``ROUNDS``
-rounds and the medians are reported (``cpu_ratio`` is the median of the per-round ratios, each
-round's two rates measured back to back), with every round's figures beside them.
+Two routers and two workers as local processes on the machine's Redis, a scripted model, tools
+that take no time. The fields and the method are described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """``reins bench kernel``: scenario A on the embedded runner against the same agent on LangGraph.
 
-Both sides run the support-store refund with the same scripted decisions and the same backend,
-and both persist after every step: reins commits the serialised record (bytes) to the in-memory
-store by compare-and-set after every step; LangGraph checkpoints to ``InMemorySaver`` with
-synchronous durability. The two are measured in alternating rounds in one process, so noise
-on a shared machine hits both; the figure is the ratio. Each round starts after a full garbage
-collection (not timed), so neither side pays for collecting the other's garbage: LangGraph's
-checkpoints are many small tracked objects, and a full collection they prompt would otherwise
-fall in whichever round happens to be running.
+Both sides persist after every step and alternate round by round in one process; the figure is
+the ratio. The method is described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

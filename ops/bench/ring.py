@@ -1,14 +1,7 @@
 """``reins bench ring``: the placement ring side by side with uhashring, in one run.
 
-Both rings get the same 200,000 string keys (trajectory-like UUIDs) and the same 20 members.
-uhashring runs at its defaults (160 points per node, md5 as its own hash); reins at its defaults
-(xxh64, :data:`router.ring.DEFAULT_POINTS_PER_WEIGHT` points, bucket index). Each side is timed
-through the same loop calling its own lookup on the raw key, so each hashes its own keys inside
-the timed loop; nothing is precomputed for either. The sides alternate slice by slice and the
-best of several repeats counts per slice, because these machines are shared and noisy.
-
-Also reported, to show the choice of lookup by measurement: the same reins ring with the bucket
-index turned off (plain binary search over the sorted points).
+The same keys and members, each side at its defaults and hashing its own keys in the timed loop.
+The method is described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """``reins bench store``: a commit (the store's compare-and-set) against a raw ``SET``.
 
-Side by side in one run, against the real Redis of ``REINS_REDIS_URL``, with the same clients:
-``cN_cas_per_s`` is commits per second by N client threads, each advancing its own trajectory
-through ``RedisStore.apply`` (cas.lua: version check, snapshot, commit id, state index; one round
-trip), and ``cN_raw_set_per_s`` is plain ``SET`` round trips of the same serialised snapshot by
-the same N threads; ``cN_ratio`` is their quotient (targets: >= 0.6 at N=1, >= 0.8 at N=16).
-Serialisation (checking the commit and dumping the record to JSON) is done before the timed
-loops, so neither figure includes it; ``serialise_us`` reports it on its own.
-``cN_cas_row_per_s`` is the same commit carrying one execution-chain row, as the runner's
-commits do. ``sqlite_cas_per_s`` is one thread committing to the embedded store (WAL,
-``synchronous=FULL``) in a temporary directory. Every Redis key the run makes is under a
-fresh prefix and is deleted at the end.
+Side by side on the Redis of ``REINS_REDIS_URL`` with the same clients, and the embedded SQLite
+store beside them. The fields and the method are described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
