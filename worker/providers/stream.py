@@ -109,18 +109,22 @@ class Accumulator:
             self.usage = obj["usage"]
         choices = obj.get("choices")
         if choices is None:
-            choices = []
+            return
         if not isinstance(choices, list):
             raise ProtocolError("choices is not a list")
         for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue  # n=1 is asked for; other choices are not ours
-            delta = choice.get("delta", choice.get("message")) or {}
-            if not isinstance(delta, dict):
-                raise ProtocolError("a choice's delta is not an object")
-            self._add_delta(delta)
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
+            self._add_choice(choice)
+
+    def _add_choice(self, choice: Any) -> None:
+        """Fold the first choice's delta (or whole message) and its finish reason."""
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            return  # n=1 is asked for; other choices are not ours
+        delta = choice.get("delta", choice.get("message")) or {}
+        if not isinstance(delta, dict):
+            raise ProtocolError("a choice's delta is not an object")
+        self._add_delta(delta)
+        if choice.get("finish_reason"):
+            self.finish_reason = str(choice["finish_reason"])
 
     def _add_delta(self, delta: dict[str, Any]) -> None:
         if isinstance(delta.get("content"), str):
