@@ -64,6 +64,7 @@ class _Exchange:
     acc: Accumulator
     headers: dict[str, str]
     status: int | None = None
+    response: http.client.HTTPResponse | None = None  # closed when the call ends
 
 
 class OpenAICompatible:
@@ -154,6 +155,12 @@ class OpenAICompatible:
             )
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
     def _call(
         self,
         view: str,
@@ -168,47 +175,63 @@ class OpenAICompatible:
         left = deadline - self.clock()
         if left <= 0:
             return _timed_out("the deadline passed before the request was sent")
-        body = self._request_body(view, cap, specs)
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        body, headers = self._request_body(view, cap, specs), self._headers()
         conn = self._connection(left)
         unregister = _close_on_cancel(conn, cancel)
-        resp: http.client.HTTPResponse | None = None
         try:
-            conn.connect()
-            if cancel is not None and cancel.is_set():  # canceled while connecting
-                return _canceled(ex.acc)
-            conn.request("POST", self._path, body=body, headers=headers)
-            _bound(conn, deadline, self.clock)
-            resp = conn.getresponse()
-            ex.status = resp.status
-            ex.headers = {k.lower(): v for k, v in resp.getheaders()}
-            if resp.status != 200:
-                _bound(conn, deadline, self.clock)
-                body_text = resp.read(MAX_ERROR_BODY).decode("utf-8", "replace")
-                return _http_error(resp.status, body_text)
-            return self._read_answer(resp, conn, deadline, cancel, ex, specs)
+            return self._exchange(conn, body, headers, deadline, cancel, ex, specs)
         except (OSError, http.client.HTTPException, StreamCut) as exc:
-            if cancel is not None and cancel.is_set():
-                return _canceled(ex.acc)
-            if isinstance(exc, TimeoutError) or self.clock() >= deadline:
-                return _timed_out(f"no answer within the deadline ({exc!r})", ex.acc)
-            return ModelReply(
-                status=ReplyStatus.TRANSPORT_FAILURE,
-                usage=parse_usage(ex.acc.usage),
-                partial=ex.acc.partial(),
-                detail=f"transport: {exc!r}",
-            )
+            return self._broken(exc, deadline, cancel, ex.acc)
         except ProtocolError as exc:
             if cancel is not None and cancel.is_set():
                 return _canceled(ex.acc)
             return ModelReply(status=ReplyStatus.FAULTED, partial=ex.acc.partial(), detail=str(exc))
         finally:
             unregister()
-            if resp is not None:
-                resp.close()
+            if ex.response is not None:
+                ex.response.close()
             conn.close()
+
+    def _exchange(
+        self,
+        conn: http.client.HTTPConnection,
+        body: bytes,
+        headers: dict[str, str],
+        deadline: float,
+        cancel: threading.Event | None,
+        ex: _Exchange,
+        specs: Sequence[ToolSpec],
+    ) -> ModelReply:
+        """Connect, send the request and read the answer; the caller maps what it raises."""
+        conn.connect()
+        if cancel is not None and cancel.is_set():  # canceled while connecting
+            return _canceled(ex.acc)
+        conn.request("POST", self._path, body=body, headers=headers)
+        _bound(conn, deadline, self.clock)
+        resp = ex.response = conn.getresponse()
+        ex.status = resp.status
+        ex.headers = {k.lower(): v for k, v in resp.getheaders()}
+        if resp.status != 200:
+            _bound(conn, deadline, self.clock)
+            body_text = resp.read(MAX_ERROR_BODY).decode("utf-8", "replace")
+            return _http_error(resp.status, body_text)
+        return self._read_answer(resp, conn, deadline, cancel, ex, specs)
+
+    def _broken(
+        self, exc: Exception, deadline: float, cancel: threading.Event | None, acc: Accumulator
+    ) -> ModelReply:
+        """The reply of an exchange whose connection broke: canceled, timed out or a
+        transport failure, with what had streamed."""
+        if cancel is not None and cancel.is_set():
+            return _canceled(acc)
+        if isinstance(exc, TimeoutError) or self.clock() >= deadline:
+            return _timed_out(f"no answer within the deadline ({exc!r})", acc)
+        return ModelReply(
+            status=ReplyStatus.TRANSPORT_FAILURE,
+            usage=parse_usage(acc.usage),
+            partial=acc.partial(),
+            detail=f"transport: {exc!r}",
+        )
 
     def _read_answer(
         self,
