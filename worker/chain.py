@@ -168,23 +168,10 @@ class TurnChain:
         result = step(rec, Admit(now=now), ctx)
         commands = worker_commands(result.commands)
         nxt = self._message(result.record, msg, claim.claim_id if commands else "", commands, now)
-        why = f"the kernel did not admit it ({result.note})" if result.record is rec else ""
         # Held before it commits, in the same round trip, so the reconciler finds the turn if
         # this worker dies from then on.
         holding = self.holdings.commands(self.worker, nxt) if commands else []
-        if not why:
-            prepared = prepare_commit(result.record, rec.record_version, result.rows)
-            try:
-                commit(
-                    self.store,
-                    rec,
-                    result,
-                    self.observer,
-                    ctx.agent.model.provider,
-                    cas=lambda: self.store.apply(prepared, before=holding),
-                )
-            except (ConcurrentModification, ReinsError) as exc:
-                why = str(exc)
+        why = self._commit_admission(rec, result, ctx, holding)
         if why:  # a router takes it from its queue head and decides afresh
             log.info("declined chaining %s: %s", rec.trajectory_id, why)
             if holding and result.record is not rec:
@@ -196,7 +183,39 @@ class TurnChain:
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
             self.holdings.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
-        pipe = direct_batch(self.client)  # the claim's commit and the figures: one round trip
+        self._commit_claim(claim, now)
+        self._count(chained=1)
+        return result, nxt
+
+    def _commit_admission(
+        self,
+        rec: TrajectoryRecord,
+        result: StepResult,
+        ctx: KernelContext,
+        holding: list[tuple[str, ...]],
+    ) -> str:
+        """Commit the admission ``result`` by compare-and-set, ``holding`` written first in the
+        same round trip; "" once committed, else why it was not."""
+        if result.record is rec:
+            return f"the kernel did not admit it ({result.note})"
+        prepared = prepare_commit(result.record, rec.record_version, result.rows)
+        try:
+            commit(
+                self.store,
+                rec,
+                result,
+                self.observer,
+                ctx.agent.model.provider,
+                cas=lambda: self.store.apply(prepared, before=holding),
+            )
+        except (ConcurrentModification, ReinsError) as exc:
+            return str(exc)
+        return ""
+
+    def _commit_claim(self, claim: Claim, now: float) -> None:
+        """Commit the claim and record the admission for the figures, in one round trip; a
+        claim reaped meanwhile is debited again before its call may be sent."""
+        pipe = direct_batch(self.client)
         committed = self.admitter.commit_on(pipe, claim)
         self.feed.record_admissions([self._entry(claim, now)], pipeline=pipe)
         replies = pipe.execute(raise_on_error=False)
@@ -209,8 +228,6 @@ class TurnChain:
             self._debit_again(claim)
             wait = 0.0
         self.observer.on_admission(claim.call, wait)
-        self._count(chained=1)
-        return result, nxt
 
     def _message(
         self,
