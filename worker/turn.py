@@ -1,44 +1,13 @@
 """One turn of one trajectory on a fleet worker: the model call and the tool calls it proposes.
 
-:meth:`TurnRunner.run` takes a :class:`~router.feed.TurnMessage` and carries the turn through:
-load the record, check that the message is current, carry out the commands the router
-committed, fold each outcome into the record with the step function, and carry out what that
-step asks for, until the step ends the turn (READY again, held for approval, finished) or has
-nothing left to do (the trajectory was paused, interrupted or canceled while the turn ran).
-
-Contracts:
-
-* **Register before send.** Every step that changed the record is committed by compare-and-set
-  before the commands it produced are carried out; nothing goes to a model or a tool that the
-  store does not already hold, with its reservation and idempotency key.
-* **Events are facts.** A commit that loses its race reloads the record and steps the same
-  event again: a control request that landed meanwhile is then honoured (a paused trajectory's
-  reply is settled and quarantined, never acted on).
-* **Stale messages do nothing.** A message whose expected version or control epoch is not the
-  record's, or whose call is no longer in flight, is ignored with a logged reason and the
-  record is left as it is. A message Celery redelivers (its first worker died, or the
-  visibility timeout ran out) whose version still matches may or may not have been carried
-  out: the kernel's ``Recover`` settles that from the record, and no call is sent again
-  blindly. A redelivered message whose turn already ended READY only requeues the trajectory
-  (its notice may have died with the worker); the record does not change. A turn its worker
-  left further along (a tool registered, its result not in) is recovered by the router's
-  reconciler (:mod:`router.reconcile`) once the worker's heartbeat lapses, not by the stale
-  message.
-* **Holdings.** After a turn's notice is pushed, the turn is released from this worker's
-  holdings (only if they still name the version carried out), so the router's reconciler
-  recovers exactly the turns a dead worker still held.
-* **One notice per message.** However the turn ends, even ignored, the worker pushes exactly
-  one notice to the ready feed, so the router can requeue the trajectory and settle the gate;
-  or, for a turn it cannot start (a record of a schema this build does not read, or a drain
-  whose grace ran out), one hand-back, which a router sends on to another member with the
-  same call ids and gate lease (:class:`~router.feed.HandBack`). Nothing is changed first.
-* **Chained turns.** With a :class:`~worker.chain.TurnChain`, a turn that ends READY may be
-  followed in the same call by the trajectory's next turn, admitted here when that overtakes
-  nobody in the shared admitter (:mod:`worker.chain`); the message's one notice is then the last
-  turn's, or the READY notice of the turn the chain left to a router (its lease settled).
-* **Observed, not metered here.** An optional :class:`TurnObserver` (Prometheus metrics from
-  ``ops``) is told each turn's wall time, each step committed (after its compare-and-set) and
-  each compare-and-set lost; without one, nothing is reported.
+:meth:`TurnRunner.run` loads the record and checks the message (:mod:`worker.turn_checks`),
+carries out the committed commands (:mod:`worker.turn_commands`), commits each outcome by
+compare-and-set before carrying out what it asks for, and ends the turn
+(:mod:`worker.turn_ending`). Nothing reaches a model or a tool that the store does not hold; a
+lost race re-steps the same event on the reloaded record; a stale message changes nothing; each
+message ends in exactly one notice or one hand-back, then its holding is released. With a
+:class:`~worker.chain.TurnChain`, turns admitted here follow in the same call. An optional
+:class:`TurnObserver` is told of each turn and commit. See docs/adr/0040-turn-runner.md.
 """
 
 from __future__ import annotations

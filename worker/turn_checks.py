@@ -2,7 +2,9 @@
 
 A check that fails raises :class:`Ignored` (the turn is a no-op: logged, one IDLE notice) or
 :class:`HandBackInstead` (this member cannot run the turn: it goes back unstarted). Neither
-changes the record.
+changes the record. A redelivered message is settled from the record (``Recover``), or only
+requeued if its turn already ended READY; it never sends a call again blindly. See
+docs/adr/0040-turn-runner.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each message ends in exactly one notice or one hand-back. The gate lease is let 
 router settles it from the notice, or the member the turn goes to keeps it), and the turn is
 released from this worker's holdings after it, only if they still name the version carried
 out. Failures are logged, never raised: the feed is a hint, and a holding that is kept is
-recovered by the router's reconciler.
+recovered by the router's reconciler. See docs/adr/0040-turn-runner.md.
 """
 
 from __future__ import annotations
