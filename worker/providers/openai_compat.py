@@ -1,17 +1,12 @@
 """The OpenAI-compatible chat-completions provider (OpenAI, vLLM, Ollama, llama.cpp, LiteLLM).
 
-One call is one streamed ``POST {base_url}/chat/completions`` on its own connection, with the
-agent's tools, ``max_tokens`` from the kernel's output cap and usage asked for in the last chunk
-(``stream_options.include_usage``). Every socket wait is bounded by what is left of the
-trajectory's deadline. Cancellation shuts the socket down from the canceller's thread, so the
-read in progress ends at once and the server sees the disconnect; the reply is CANCELED and what
-had streamed is kept for diagnosis only.
-
-HTTP outcomes: 429 (and 503, an overloaded engine) are REJECTED with the retry-after seen, never
-slept on; 5xx and 408 and a broken or cut connection are TRANSPORT_FAILURE (``timed_out`` when
-the deadline ran out); a 400 for content policy is REFUSED; any other 4xx, a 200 with an error
-body, and a malformed answer are FAULTED. The provider itself never retries: a retry is a new
-attempt that the caller registers first (see :mod:`worker.providers.retry`).
+One call is one streamed ``POST {base_url}/chat/completions`` on its own connection; every
+socket wait is bounded by the deadline, and a cancel ends the read at once (CANCELED). HTTP 429
+and 503 are REJECTED (retry-after reported, never slept on); 5xx, 408 and a broken or cut
+connection are TRANSPORT_FAILURE (``timed_out`` past the deadline); a 400 for content policy is
+REFUSED; any other 4xx, a 200 with an error body and a malformed answer are FAULTED. The
+provider never retries (:mod:`worker.providers.retry`). See
+docs/adr/0044-openai-compatible-provider.md.
 """
 
 from __future__ import annotations
@@ -71,12 +66,9 @@ class OpenAICompatible:
     """A chat-completions provider; see the module docstring for the status contract.
 
     ``clock`` measures latency and the deadline (wall time by default). ``latency_header``
-    names a response header that reports the server's processing time in milliseconds (for
-    instance ``openai-processing-ms``); when set and present, the reply's latency is the
-    server's report instead of the measured time (OpenAI's header covers a streamed call only
-    up to its first byte, so against a real API the measured time is the honest default).
-    ``observer`` sees the message after each chunk (progress display, time to first token);
-    it must not block.
+    names a response header with the server's processing time in milliseconds; when present,
+    it is the reply's latency instead of the measured time (see the decision record).
+    ``observer`` sees the message after each chunk; it must not block.
     """
 
     def __init__(
