@@ -1,36 +1,12 @@
 """Chained turns: the worker that ended a turn READY admits the trajectory's next turn itself,
 when the shared admitter would let that call overtake nobody.
 
-Without it every turn makes a round through a router: the worker's READY notice, the router's
-requeue, its claim, a second load and parse of the record, the admission's compare-and-set, a
-Celery message back to the same worker (the ring places the trajectory there), and that
-worker's load of the record once more. When nobody is waiting, that round changes nothing a
-router would decide differently, and it was most of a turn's cost. So a worker holding a
-trajectory that just ended READY, in one go with its record still in hand:
-
-1. in one script run in the shared admitter (:meth:`RedisAdmitter.claim_returning`), settles
-   the ended turn's gate lease with the usage it saw (the notice would have carried it), queues
-   the call back and claims it **when that overtakes nobody**: a call with a gate only if
-   weighted deficit round-robin picks it next, a call with no gate (nothing scarce to share) at
-   once; the same gate debit and credit deduction as a router's claim. If another call comes
-   first, or its gate refuses, the call stays queued and the READY notice wakes a router;
-2. steps the kernel's ``Admit`` on the record it holds;
-3. writes its holding of the new version and commits the admission by compare-and-set in one
-   round trip, the holding first (as a router writes one before it sends: the reconciler
-   recovers the turn if this worker dies from here on; register before send); a lost race or
-   an admission the kernel refuses releases that holding and declines the claim (the call is
-   READY at its queue head with its credit), and a router takes it from there;
-4. commits the claim and records the admission for the figures (one round trip), and runs the
-   turn in the same task thread, with the record it committed (no load, no parse, no message).
-
-What stays true: fairness (the admitter decides every admission, in the same order a router
-would; under a backlog chaining simply stops happening), pauses (the admission and every
-later step are compare-and-sets; a control request that landed first wins), budgets (the
-kernel's ``Admit`` checks them as a router's would) and recovery (holdings; the original
-Celery message, if redelivered, is stale and ignored). Chaining is bounded: only messages a
-router sent through the shared admitter carry a ``chain`` allowance (``REINS_CHAIN_TURNS``),
-each chained turn uses one, a draining worker chains nothing, and a task stops chaining after
-half the visibility timeout so its message is acknowledged in time.
+:meth:`TurnChain.admit` settles the ended turn's gate lease and claims the call in one script
+run in the shared admitter, steps ``Admit`` on the record in hand, writes the holding and
+commits the admission by compare-and-set in one round trip, then commits the claim; the caller
+runs the turn with the committed record. When the admitter or the store says no, the call stays
+READY at its queue head for a router. Only messages with a ``chain`` allowance chain, never on a
+draining worker, and not past half the visibility timeout. See docs/adr/0041-chained-turns.md.
 """
 
 from __future__ import annotations
@@ -168,23 +144,10 @@ class TurnChain:
         result = step(rec, Admit(now=now), ctx)
         commands = worker_commands(result.commands)
         nxt = self._message(result.record, msg, claim.claim_id if commands else "", commands, now)
-        why = f"the kernel did not admit it ({result.note})" if result.record is rec else ""
         # Held before it commits, in the same round trip, so the reconciler finds the turn if
         # this worker dies from then on.
         holding = self.holdings.commands(self.worker, nxt) if commands else []
-        if not why:
-            prepared = prepare_commit(result.record, rec.record_version, result.rows)
-            try:
-                commit(
-                    self.store,
-                    rec,
-                    result,
-                    self.observer,
-                    ctx.agent.model.provider,
-                    cas=lambda: self.store.apply(prepared, before=holding),
-                )
-            except (ConcurrentModification, ReinsError) as exc:
-                why = str(exc)
+        why = self._commit_admission(rec, result, ctx, holding)
         if why:  # a router takes it from its queue head and decides afresh
             log.info("declined chaining %s: %s", rec.trajectory_id, why)
             if holding and result.record is not rec:
@@ -196,7 +159,39 @@ class TurnChain:
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
             self.holdings.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
-        pipe = direct_batch(self.client)  # the claim's commit and the figures: one round trip
+        self._commit_claim(claim, now)
+        self._count(chained=1)
+        return result, nxt
+
+    def _commit_admission(
+        self,
+        rec: TrajectoryRecord,
+        result: StepResult,
+        ctx: KernelContext,
+        holding: list[tuple[str, ...]],
+    ) -> str:
+        """Commit the admission ``result`` by compare-and-set, ``holding`` written first in the
+        same round trip; "" once committed, else why it was not."""
+        if result.record is rec:
+            return f"the kernel did not admit it ({result.note})"
+        prepared = prepare_commit(result.record, rec.record_version, result.rows)
+        try:
+            commit(
+                self.store,
+                rec,
+                result,
+                self.observer,
+                ctx.agent.model.provider,
+                cas=lambda: self.store.apply(prepared, before=holding),
+            )
+        except (ConcurrentModification, ReinsError) as exc:
+            return str(exc)
+        return ""
+
+    def _commit_claim(self, claim: Claim, now: float) -> None:
+        """Commit the claim and record the admission for the figures, in one round trip; a
+        claim reaped meanwhile is debited again before its call may be sent."""
+        pipe = direct_batch(self.client)
         committed = self.admitter.commit_on(pipe, claim)
         self.feed.record_admissions([self._entry(claim, now)], pipeline=pipe)
         replies = pipe.execute(raise_on_error=False)
@@ -209,8 +204,6 @@ class TurnChain:
             self._debit_again(claim)
             wait = 0.0
         self.observer.on_admission(claim.call, wait)
-        self._count(chained=1)
-        return result, nxt
 
     def _message(
         self,

@@ -1,28 +1,12 @@
 """A fleet worker process: a Celery worker on its ring member's queue, with membership and drain.
 
-:func:`run_worker` is the boot step and the main loop (``reins worker --name NAME``):
-
-1. **Boot**: settings, one Redis client for the store, the membership and the feed (the broker
-   is Celery's own connection to ``REINS_BROKER_URL``), the turn runner, the Celery app with
-   the turn task, and a thread pool of ``REINS_WORKER_CONCURRENCY`` threads.
-2. **Ready** (the consumer is consuming ``reins.turns.<name>``): register in the ring's
-   membership, heartbeat every ``REINS_HEARTBEAT_INTERVAL_S`` (each beat also reports the
-   admission-to-start delays measured since the last), and listen on the cancel channel so a
-   ``CancelCall`` from any router stops a stream this worker holds at once.
-3. **SIGTERM**, or ``reins ring drain NAME`` (the heartbeat sees the flag and raises the same
-   SIGTERM): flag the member draining so routers stop placing turns here; keep consuming and
-   carrying turns out until every live router has acknowledged the drain, the queue is empty
-   and no turn runs (at most ``REINS_DRAIN_GRACE_S``). If the grace runs out first, every
-   message still in the queue is taken out of the broker and *handed back* unstarted
-   (:class:`router.feed.HandBack`; a router sends it on to another member under the same call
-   ids), and so is any the consumer takes from then on. Then Celery's warm shutdown lets the
-   turns already running finish, and the member deregisters; exit 0. A turn that cannot
-   finish (the process is killed past its grace) is recovered by the routers' reconciler from
-   the holdings, as after a crash.
-
-   A turn message sent after the drain was acknowledged breaks the drain's promise; the worker
-   still carries it out, and logs it as an error (``sent after the drain was acknowledged``),
-   which the rolling-drain test looks for.
+:func:`run_worker` boots the worker (``reins worker --name NAME``) and runs it. Once Celery
+consumes ``reins.turns.<name>``, the member registers, heartbeats and listens for cancels.
+SIGTERM or ``reins ring drain NAME`` drains it: routers stop placing turns here, and it carries
+turns out until every live router has acknowledged, its queue is empty and no turn runs, handing
+the rest back unstarted if ``REINS_DRAIN_GRACE_S`` runs out; then it deregisters and exits 0. A
+turn sent after the drain was acknowledged is still carried out, and logged as an error
+(``sent after the drain was acknowledged``). See docs/adr/0042-worker-drain.md.
 """
 
 from __future__ import annotations

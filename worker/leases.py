@@ -1,16 +1,9 @@
 """Gate leases of the turns a worker runs, kept alive while the turn lasts.
 
-A router admits a turn under a provider gate's concurrency lease (:mod:`router.gates`), which
-lapses ``lease_ttl_s`` after it was taken unless renewed: a holder that died must not keep its
-slot forever. A model call may outlast the ttl, and a lapsed lease frees its slot while the
-call is still in flight, so the gate would admit one more than its concurrency allows. The
-worker that carries the turn out therefore renews the lease (the turn message says its ttl)
-every third of the ttl until the turn ends; the router settles it when the turn's notice
-arrives.
-
-:class:`LeaseKeeper` is driven by the worker's heartbeat thread (:meth:`renew_due`), and told
-by the turn runner when a turn starts and ends (:meth:`hold`, :meth:`drop`). A renewal the gate
-refuses (the lease already lapsed or was settled) is logged and the lease is let go.
+:class:`LeaseKeeper` is told when a turn starts and ends (:meth:`hold`, :meth:`drop`) and,
+driven by the heartbeat thread (:meth:`renew_due`), renews each held lease every third of its
+ttl. A renewal the gate refuses (the lease lapsed or was settled) is logged and the lease let
+go. Why the worker renews a lease a router took: docs/adr/0043-gate-lease-renewal.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The OpenAI-compatible chat-completions provider (OpenAI, vLLM, Ollama, llama.cpp, LiteLLM).
 
-One call is one streamed ``POST {base_url}/chat/completions`` on its own connection, with the
-agent's tools, ``max_tokens`` from the kernel's output cap and usage asked for in the last chunk
-(``stream_options.include_usage``). Every socket wait is bounded by what is left of the
-trajectory's deadline. Cancellation shuts the socket down from the canceller's thread, so the
-read in progress ends at once and the server sees the disconnect; the reply is CANCELED and what
-had streamed is kept for diagnosis only.
-
-HTTP outcomes: 429 (and 503, an overloaded engine) are REJECTED with the retry-after seen, never
-slept on; 5xx and 408 and a broken or cut connection are TRANSPORT_FAILURE (``timed_out`` when
-the deadline ran out); a 400 for content policy is REFUSED; any other 4xx, a 200 with an error
-body, and a malformed answer are FAULTED. The provider itself never retries: a retry is a new
-attempt that the caller registers first (see :mod:`worker.providers.retry`).
+One call is one streamed ``POST {base_url}/chat/completions`` on its own connection; every
+socket wait is bounded by the deadline, and a cancel ends the read at once (CANCELED). HTTP 429
+and 503 are REJECTED (retry-after reported, never slept on); 5xx, 408 and a broken or cut
+connection are TRANSPORT_FAILURE (``timed_out`` past the deadline); a 400 for content policy is
+REFUSED; any other 4xx, a 200 with an error body and a malformed answer are FAULTED. The
+provider never retries (:mod:`worker.providers.retry`). See
+docs/adr/0044-openai-compatible-provider.md.
 """
 
 from __future__ import annotations
@@ -64,18 +59,16 @@ class _Exchange:
     acc: Accumulator
     headers: dict[str, str]
     status: int | None = None
+    response: http.client.HTTPResponse | None = None  # closed when the call ends
 
 
 class OpenAICompatible:
     """A chat-completions provider; see the module docstring for the status contract.
 
     ``clock`` measures latency and the deadline (wall time by default). ``latency_header``
-    names a response header that reports the server's processing time in milliseconds (for
-    instance ``openai-processing-ms``); when set and present, the reply's latency is the
-    server's report instead of the measured time (OpenAI's header covers a streamed call only
-    up to its first byte, so against a real API the measured time is the honest default).
-    ``observer`` sees the message after each chunk (progress display, time to first token);
-    it must not block.
+    names a response header with the server's processing time in milliseconds; when present,
+    it is the reply's latency instead of the measured time (see the decision record).
+    ``observer`` sees the message after each chunk; it must not block.
     """
 
     def __init__(
@@ -154,6 +147,12 @@ class OpenAICompatible:
             )
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
     def _call(
         self,
         view: str,
@@ -168,47 +167,63 @@ class OpenAICompatible:
         left = deadline - self.clock()
         if left <= 0:
             return _timed_out("the deadline passed before the request was sent")
-        body = self._request_body(view, cap, specs)
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+        body, headers = self._request_body(view, cap, specs), self._headers()
         conn = self._connection(left)
         unregister = _close_on_cancel(conn, cancel)
-        resp: http.client.HTTPResponse | None = None
         try:
-            conn.connect()
-            if cancel is not None and cancel.is_set():  # canceled while connecting
-                return _canceled(ex.acc)
-            conn.request("POST", self._path, body=body, headers=headers)
-            _bound(conn, deadline, self.clock)
-            resp = conn.getresponse()
-            ex.status = resp.status
-            ex.headers = {k.lower(): v for k, v in resp.getheaders()}
-            if resp.status != 200:
-                _bound(conn, deadline, self.clock)
-                body_text = resp.read(MAX_ERROR_BODY).decode("utf-8", "replace")
-                return _http_error(resp.status, body_text)
-            return self._read_answer(resp, conn, deadline, cancel, ex, specs)
+            return self._exchange(conn, body, headers, deadline, cancel, ex, specs)
         except (OSError, http.client.HTTPException, StreamCut) as exc:
-            if cancel is not None and cancel.is_set():
-                return _canceled(ex.acc)
-            if isinstance(exc, TimeoutError) or self.clock() >= deadline:
-                return _timed_out(f"no answer within the deadline ({exc!r})", ex.acc)
-            return ModelReply(
-                status=ReplyStatus.TRANSPORT_FAILURE,
-                usage=parse_usage(ex.acc.usage),
-                partial=ex.acc.partial(),
-                detail=f"transport: {exc!r}",
-            )
+            return self._broken(exc, deadline, cancel, ex.acc)
         except ProtocolError as exc:
             if cancel is not None and cancel.is_set():
                 return _canceled(ex.acc)
             return ModelReply(status=ReplyStatus.FAULTED, partial=ex.acc.partial(), detail=str(exc))
         finally:
             unregister()
-            if resp is not None:
-                resp.close()
+            if ex.response is not None:
+                ex.response.close()
             conn.close()
+
+    def _exchange(
+        self,
+        conn: http.client.HTTPConnection,
+        body: bytes,
+        headers: dict[str, str],
+        deadline: float,
+        cancel: threading.Event | None,
+        ex: _Exchange,
+        specs: Sequence[ToolSpec],
+    ) -> ModelReply:
+        """Connect, send the request and read the answer; the caller maps what it raises."""
+        conn.connect()
+        if cancel is not None and cancel.is_set():  # canceled while connecting
+            return _canceled(ex.acc)
+        conn.request("POST", self._path, body=body, headers=headers)
+        _bound(conn, deadline, self.clock)
+        resp = ex.response = conn.getresponse()
+        ex.status = resp.status
+        ex.headers = {k.lower(): v for k, v in resp.getheaders()}
+        if resp.status != 200:
+            _bound(conn, deadline, self.clock)
+            body_text = resp.read(MAX_ERROR_BODY).decode("utf-8", "replace")
+            return _http_error(resp.status, body_text)
+        return self._read_answer(resp, conn, deadline, cancel, ex, specs)
+
+    def _broken(
+        self, exc: Exception, deadline: float, cancel: threading.Event | None, acc: Accumulator
+    ) -> ModelReply:
+        """The reply of an exchange whose connection broke: canceled, timed out or a
+        transport failure, with what had streamed."""
+        if cancel is not None and cancel.is_set():
+            return _canceled(acc)
+        if isinstance(exc, TimeoutError) or self.clock() >= deadline:
+            return _timed_out(f"no answer within the deadline ({exc!r})", acc)
+        return ModelReply(
+            status=ReplyStatus.TRANSPORT_FAILURE,
+            usage=parse_usage(acc.usage),
+            partial=acc.partial(),
+            detail=f"transport: {exc!r}",
+        )
 
     def _read_answer(
         self,

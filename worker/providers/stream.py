@@ -1,18 +1,13 @@
 """Chat-completions answers, streamed or whole, folded into one normalised reply.
 
-:func:`sse_payloads` cuts a ``text/event-stream`` body into its ``data:`` payloads;
-:class:`Accumulator` folds chunks (or one whole completion) into the message so far;
-:func:`finished` turns a complete exchange into status, content, raw text and usage.
-
-Status rules (seed 004 table 4), for an exchange that ran to its end:
-
-- an ``error`` object anywhere, or a chunk that is not a chat-completion chunk: FAULTED;
-- a ``refusal`` text or ``finish_reason == "content_filter"``: REFUSED;
-- ``finish_reason == "length"``: TRUNCATED (what streamed is kept as raw text, never content);
-- ``stop`` / ``tool_calls`` / ``function_call``: COMPLETED;
-- no ``finish_reason``, or one this module does not know: FAULTED.
-
-A stream that ends before ``data: [DONE]`` is cut: the caller reports TRANSPORT_FAILURE.
+:func:`sse_payloads` cuts an event stream into its ``data:`` payloads, :class:`Accumulator`
+folds chunks into the message so far, and :func:`finished` normalises a complete exchange.
+Status rules (seed 004 table 4) for an exchange that ran to its end: an ``error`` object or a
+chunk that is not a chat-completion chunk is FAULTED; a ``refusal`` or ``finish_reason ==
+"content_filter"`` is REFUSED; ``"length"`` is TRUNCATED (what streamed is raw text, never
+content); ``stop``, ``tool_calls`` or ``function_call`` is COMPLETED; any other or no
+``finish_reason`` is FAULTED. A stream that ends before ``data: [DONE]`` is cut: the caller
+reports TRANSPORT_FAILURE. See docs/adr/0044-openai-compatible-provider.md.
 """
 
 from __future__ import annotations
@@ -109,18 +104,22 @@ class Accumulator:
             self.usage = obj["usage"]
         choices = obj.get("choices")
         if choices is None:
-            choices = []
+            return
         if not isinstance(choices, list):
             raise ProtocolError("choices is not a list")
         for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue  # n=1 is asked for; other choices are not ours
-            delta = choice.get("delta", choice.get("message")) or {}
-            if not isinstance(delta, dict):
-                raise ProtocolError("a choice's delta is not an object")
-            self._add_delta(delta)
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
+            self._add_choice(choice)
+
+    def _add_choice(self, choice: Any) -> None:
+        """Fold the first choice's delta (or whole message) and its finish reason."""
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            return  # n=1 is asked for; other choices are not ours
+        delta = choice.get("delta", choice.get("message")) or {}
+        if not isinstance(delta, dict):
+            raise ProtocolError("a choice's delta is not an object")
+        self._add_delta(delta)
+        if choice.get("finish_reason"):
+            self.finish_reason = str(choice["finish_reason"])
 
     def _add_delta(self, delta: dict[str, Any]) -> None:
         if isinstance(delta.get("content"), str):

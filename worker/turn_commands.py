@@ -1,0 +1,79 @@
+"""Carrying out one command a committed step produced: a model call or a tool call.
+
+Each is done outside any lock, after the step that produced it was committed, and reported back
+as the event the kernel steps next. Nothing here writes to the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect, ToolResulted
+from kernel.record import TrajectoryRecord
+from kernel.tools import ToolKind
+from router.feed import CancelListener
+from worker.backend import dispatch
+from worker.fleet_agents import TurnTools
+from worker.providers.base import InflightCalls
+
+log = logging.getLogger("reins.worker.turn")
+
+
+class CommandCarrier:
+    """Carries out model and tool commands for a worker's turns; safe to call from many threads."""
+
+    def __init__(
+        self,
+        tools: TurnTools,
+        inflight: InflightCalls,
+        listener: CancelListener | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.tools, self.inflight, self.listener, self.clock = tools, inflight, listener, clock
+
+    def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, int | None]:
+        """Do what ``cmd`` asks; its event, and the model tokens it used (None: no evidence)."""
+        if isinstance(cmd, CallModel):
+            return self.call_model(rec, cmd)
+        if isinstance(cmd, DispatchTool | LookupEffect):
+            return self.call_tool(rec, cmd), None
+        raise TypeError(f"not a command a worker carries out: {cmd!r}")  # pragma: no cover
+
+    def call_model(self, rec: TrajectoryRecord, cmd: CallModel) -> tuple[Event, int | None]:
+        """One model call, cancelable through its in-flight token while it runs."""
+        token = self.inflight.open(cmd.call_id)
+        try:
+            if self.listener is not None and self.listener.recently_canceled(cmd.call_id):
+                token.set()  # the cancel came before the call: it ends before it is sent
+            model = self.tools.model(rec.agent, rec.goal)
+            reply = model.call(cmd.view, cmd.max_output_tokens, cmd.timeout_s, cancel=token)
+        finally:
+            self.inflight.close(cmd.call_id)
+        used = None
+        if reply.usage is not None:
+            u = reply.usage
+            used = u.uncached_input + u.cached_input + u.output
+        return reply.replied(cmd.call_id, self.clock()), used
+
+    def call_tool(self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect) -> ToolResulted:
+        """One tool call (or effect lookup) through the agent's backend; a backend that raises
+        gives an ``unknown`` outcome for a write, an ``error`` for a read."""
+        backend = self.tools.backend(rec.agent)
+        looked_up = isinstance(cmd, LookupEffect)
+        try:
+            result, secs = dispatch(backend, rec.user, cmd)
+        except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
+            log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
+            result, secs = {"status": "unknown", "code": "backend_error"}, 0.0
+            spec = self.tools.agents.get(rec.agent)[0].profile.catalog.get(cmd.tool)
+            if spec is not None and spec.kind is ToolKind.READ:
+                result = {"status": "error", "code": "backend_error"}
+        return ToolResulted(
+            now=self.clock(),
+            call_id=cmd.call_id,
+            attempt_id=cmd.attempt_id,
+            result=result,
+            latency_s=secs,
+            looked_up=looked_up,
+        )
