@@ -29,7 +29,7 @@ import dataclasses
 import types
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, TypeVar, Union, get_args, get_origin
+from typing import Any, TypeGuard, TypeVar, Union, get_args, get_origin
 
 import orjson
 from pydantic import BaseModel, PlainSerializer, WrapSerializer
@@ -113,7 +113,7 @@ _CHECKS: dict[type, Check] = {}
 def _check_for(cls: type, visiting: set[type]) -> Check:
     """What must hold of a ``cls`` value for orjson to write it as pydantic would: never for a
     class not marked; otherwise its float fields hold floats, recursively."""
-    if not (isinstance(cls, type) and _NATIVE in cls.__dict__ and issubclass(cls, BaseModel)):
+    if not _is_marked(cls):
         return _never
     if cls in visiting:  # a recursive model: left to pydantic, not worth a walk
         return _never
@@ -132,14 +132,23 @@ def _check_for(cls: type, visiting: set[type]) -> Check:
                 return _never
             if child is not _always:
                 children.append((name, inner, child))
-            continue
-        for nested in _models_in(annotation):  # in a container or a union: no walk
-            if _check_for(nested, visiting) is not _always:
-                return _never
+        elif not _all_always(annotation, visiting):  # in a container or a union: no walk
+            return _never
     visiting.discard(cls)
     if not floats and not children:
         return _always
     return _fields_check(tuple(floats), tuple(children))
+
+
+def _is_marked(cls: type) -> TypeGuard[type[BaseModel]]:
+    """``cls`` is a model class marked with :func:`json_native` itself (not by inheritance)."""
+    return isinstance(cls, type) and _NATIVE in cls.__dict__ and issubclass(cls, BaseModel)
+
+
+def _all_always(annotation: Any, visiting: set[type]) -> bool:
+    """Every model class named inside ``annotation`` is always written by orjson as pydantic
+    would, whatever its values."""
+    return all(_check_for(nested, visiting) is _always for nested in _models_in(annotation))
 
 
 def _fields_check(floats: tuple[str, ...], children: tuple[tuple[str, type, Check], ...]) -> Check:
