@@ -1,26 +1,11 @@
 """A model's JSON bytes exactly as its pydantic serializer writes them, written by orjson.
 
-The store writes the record after every step, so this is the kernel's most frequent encoding.
-pydantic-core walks its serialisation schema field by field; orjson writes a dataclass straight
-from the instance's ``__dict__``, in C. A class marked with :func:`json_native` looks like a
-dataclass to orjson (it gets a ``__dataclass_fields__`` table, which also makes
-``dataclasses.fields`` and pytest's diffs work on it), so a record is written without a Python
-call per model. Both libraries write strings, ints, enums and floats with the same text (floats
-as ``repr``), and a Decimal is written as its ``str``, as pydantic does.
-
-Where the two would differ, the value goes to pydantic instead, so the bytes never change:
-
-- a float field holding an int (pydantic writes ``1.0``, orjson ``1``): checked before writing,
-  along every path of model fields that reaches a float field;
-- a value orjson cannot write or would write differently (an int beyond 64 bits, a set, bytes,
-  a datetime, a non-str key, a model of a class not marked): it raises, and pydantic writes the
-  whole value;
-- a class whose serialisation pydantic customises (aliases, exclusions, computed fields,
-  serializers, kept extras, float containers): :func:`json_native` refuses to mark it.
-
-Not checked, because nothing in the kernel writes them: an ``int`` field holding a ``bool``
-(pydantic writes ``1``, orjson ``true``), a marked model inside an ``Any`` field (its float
-fields are not walked), a Decimal subclass with its own ``__str__``.
+:func:`model_json` returns the bytes ``model.__pydantic_serializer__.to_json(model)`` would;
+for a class marked with :func:`json_native` orjson writes them, in C, and wherever the two
+could differ (a float field holding an int, a value orjson cannot write or writes otherwise, a
+class whose JSON pydantic customises) pydantic writes the value. Not checked, so not to be
+relied on: an ``int`` field holding a ``bool``, a marked model inside an ``Any`` field, a
+Decimal subclass with its own ``__str__``. Design: docs/adr/0102-model-json-through-orjson.md.
 """
 
 from __future__ import annotations
