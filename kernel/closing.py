@@ -29,36 +29,39 @@ def closing_message(rec: TrajectoryRecord, catalog: Catalog, stop: StopReason) -
     Example: "The run stopped at its step limit: your refund was issued; the confirmation
     email was not sent."
     """
-    happened: dict[str, str] = {}  # write tool -> outcome ("ok", "unknown")
+    happened = _write_outcomes(rec, catalog)
+    writes = [s.tool for s in rec.plan if _is_write(catalog, s.tool)]
+    for tool in happened:
+        if tool not in writes:
+            writes.append(tool)
+    parts = [_effect_phrase(catalog, tool, happened.get(tool)) for tool in dict.fromkeys(writes)]
+    why = WHY[stop]
+    return f"{why}: " + "; ".join(parts) + "." if parts else f"{why}."
+
+
+def _write_outcomes(rec: TrajectoryRecord, catalog: Catalog) -> dict[str, str]:
+    """Write tool -> "ok" once any of its calls settled ok, else "unknown" if one's outcome is
+    not known; a write tool with neither is absent."""
+    happened: dict[str, str] = {}
     for op in rec.operations.values():
-        if op.kind is not OpKind.TOOL or op.tool is None:
-            continue
-        spec = catalog.get(op.tool)
-        if spec is None or spec.kind is not ToolKind.WRITE:
+        if op.kind is not OpKind.TOOL or op.tool is None or not _is_write(catalog, op.tool):
             continue
         outcome = (op.evidence or {}).get("status")
         if op.status is OpStatus.SETTLED and outcome == "ok":
             happened[op.tool] = "ok"
         elif op.status is OpStatus.UNKNOWN or outcome == "unknown":
             happened.setdefault(op.tool, "unknown")
-    writes = [s.tool for s in rec.plan if _is_write(catalog, s.tool)]
-    for tool in happened:
-        if tool not in writes:
-            writes.append(tool)
-    parts: list[str] = []
-    for tool in dict.fromkeys(writes):
-        spec = catalog.get(tool)
-        done = (spec.done_text if spec else "") or f"{tool} succeeded"
-        not_done = (spec.not_done_text if spec else "") or f"{tool} was not carried out"
-        state = happened.get(tool)
-        if state == "ok":
-            parts.append(done)
-        elif state == "unknown":
-            parts.append(f"whether {tool} took effect is not known yet")
-        else:
-            parts.append(not_done)
-    why = WHY[stop]
-    return f"{why}: " + "; ".join(parts) + "." if parts else f"{why}."
+    return happened
+
+
+def _effect_phrase(catalog: Catalog, tool: str, state: str | None) -> str:
+    """The closing message's words for one write tool in ``state`` (see :func:`_write_outcomes`)."""
+    spec = catalog.get(tool)
+    if state == "ok":
+        return (spec.done_text if spec else "") or f"{tool} succeeded"
+    if state == "unknown":
+        return f"whether {tool} took effect is not known yet"
+    return (spec.not_done_text if spec else "") or f"{tool} was not carried out"
 
 
 def _is_write(catalog: Catalog, tool: str) -> bool:

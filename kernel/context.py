@@ -52,7 +52,7 @@ class KernelContext:
     agent: AgentProfile
     estimator: Estimator = estimate_tokens
     # A local capacity gate for tools (sandbox slots, memory): (record, spec, args) -> fits.
-    # An approved action that does not fit stays held; [quota] plugs its gates in here.
+    # An approved action that does not fit stays held; a host's tool capacity plugs in here.
     capacity: Callable[[TrajectoryRecord, ToolSpec, dict[str, Any]], bool] | None = None
 
 

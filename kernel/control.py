@@ -8,6 +8,8 @@ Withdrawal never refunds: outstanding operations keep their reservations until e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kernel import waits
 from kernel.amounts import ZERO, tool_call_liability
 from kernel.chain import RowKind
@@ -16,8 +18,16 @@ from kernel.dispatch import dispatch, refusal
 from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
 from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue, ToolProgress
 from kernel.lifecycle import Cause, clock_refusal
-from kernel.record import ApprovalStatus, ControlKind, OpKind, OpStatus, PendingControl
+from kernel.record import (
+    ApprovalStatus,
+    ControlKind,
+    HeldProposal,
+    OpKind,
+    OpStatus,
+    PendingControl,
+)
 from kernel.states import LIVE, LifecycleState, StopReason
+from kernel.tools import ToolSpec
 
 S = LifecycleState
 #: States in which nothing new is admitted: a pause, a stop under way, or the end.
@@ -87,49 +97,63 @@ def _apply_control(draft: Draft, ev: ControlRequested) -> None:
         outcome=ev.kind.value,
         detail={"request_id": ev.request_id, "by": ev.requested_by},
     )
-    if ev.kind is ControlKind.PAUSE:
-        rec.pending_control = hold
-        _step_down(draft)
-        draft.move(S.PAUSED, Cause.PAUSE)
-    elif ev.kind is ControlKind.RESUME:
-        if rec.state is not S.PAUSED:
-            raise IllegalTransition(rec.state.value, S.READY.value, ev.request_id, "not paused")
-        rec.pending_control = None
-        draft.move(S.READY, Cause.RESUME)
+    _CONTROLS[ev.kind](draft, ev, hold)
+
+
+def _pause(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
+    draft.rec.pending_control = hold
+    _step_down(draft)
+    draft.move(S.PAUSED, Cause.PAUSE)
+
+
+def _resume(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
+    rec = draft.rec
+    if rec.state is not S.PAUSED:
+        raise IllegalTransition(rec.state.value, S.READY.value, ev.request_id, "not paused")
+    rec.pending_control = None
+    draft.move(S.READY, Cause.RESUME)
+    draft.commands.append(Enqueue())
+
+
+def _cancel(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
+    """Cancel or kill: withdraw under the hold, then stop; a kill also cancels every call still
+    open, eligible or not."""
+    rec = draft.rec
+    rec.pending_control = hold
+    _withdraw(draft)
+    if ev.kind is ControlKind.KILL:
+        for op in rec.operations.values():
+            if op.open and op.call_id not in {
+                c.call_id for c in draft.commands if isinstance(c, CancelCall)
+            }:
+                draft.commands.append(CancelCall(call_id=op.call_id))
+    rec.pending_control = None
+    draft.stop(StopReason.CANCELED if ev.kind is ControlKind.CANCEL else StopReason.KILLED)
+
+
+def _interrupt(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
+    rec = draft.rec
+    _step_down(draft)
+    rec.last_observation = {"status": "interrupt", "instructions": ev.instructions or ""}
+    if rec.state is S.READY:
         draft.commands.append(Enqueue())
-    elif ev.kind in (ControlKind.CANCEL, ControlKind.KILL):
-        rec.pending_control = hold
-        _withdraw(draft)
-        if ev.kind is ControlKind.KILL:
-            for op in rec.operations.values():
-                if op.open and op.call_id not in {
-                    c.call_id for c in draft.commands if isinstance(c, CancelCall)
-                }:
-                    draft.commands.append(CancelCall(call_id=op.call_id))
-        rec.pending_control = None
-        draft.stop(StopReason.CANCELED if ev.kind is ControlKind.CANCEL else StopReason.KILLED)
-    elif ev.kind is ControlKind.INTERRUPT:
-        _step_down(draft)
-        rec.last_observation = {"status": "interrupt", "instructions": ev.instructions or ""}
-        if rec.state is S.READY:
-            draft.commands.append(Enqueue())
+
+
+#: What each control kind does once it is recorded in the chain.
+_CONTROLS: dict[ControlKind, Callable[[Draft, ControlRequested, PendingControl], None]] = {
+    ControlKind.PAUSE: _pause,
+    ControlKind.RESUME: _resume,
+    ControlKind.CANCEL: _cancel,
+    ControlKind.KILL: _cancel,
+    ControlKind.INTERRUPT: _interrupt,
+}
 
 
 def on_approval(draft: Draft, ev: ApprovalDecided) -> None:
     """A reviewer's decision: it must match the held request exactly, and dispatch re-runs
     the whole admission check; a decision that does not match changes nothing."""
-    rec, agent = draft.rec, draft.ctx.agent
-    held = rec.held
-    if held is None or held.approval_id != ev.approval_id:
-        raise UnknownReference(f"trajectory {rec.trajectory_id}: no approval {ev.approval_id}")
-    if held.held_version != ev.held_version or held.digest != ev.digest:
-        raise UnknownReference(
-            f"approval {ev.approval_id}: decision names version {ev.held_version} and digest "
-            f"{ev.digest[:8]}..., the held request is version {held.held_version} digest "
-            f"{held.digest[:8]}..."
-        )
-    if ev.reviewer not in agent.reviewers:
-        raise UnknownReference(f"approval {ev.approval_id}: {ev.reviewer!r} may not decide")
+    rec = draft.rec
+    held = _decided_hold(draft, ev)
     wanted = ApprovalStatus.APPROVED if ev.approve else ApprovalStatus.DENIED
     if held.status is wanted:
         draft.note = f"duplicate decision on {ev.approval_id}"
@@ -141,41 +165,72 @@ def on_approval(draft: Draft, ev: ApprovalDecided) -> None:
         )
     if ev.now >= held.expires_at:
         _expire(draft)
-        return
-    if not ev.approve:
-        held.status = ApprovalStatus.DENIED
-        held.decided_at = ev.now
-        draft.row(
-            RowKind.APPROVAL,
-            tool=held.tool,
-            outcome="denied",
-            detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
+    elif ev.approve:
+        _approve(draft, held, ev)
+    else:
+        _deny(draft, held, ev)
+
+
+def _decided_hold(draft: Draft, ev: ApprovalDecided) -> HeldProposal:
+    """The held request ``ev`` decides: same approval id, version and digest, and a reviewer
+    of the agent's; raises ``UnknownReference`` naming what does not match."""
+    rec = draft.rec
+    held = rec.held
+    if held is None or held.approval_id != ev.approval_id:
+        raise UnknownReference(f"trajectory {rec.trajectory_id}: no approval {ev.approval_id}")
+    if held.held_version != ev.held_version or held.digest != ev.digest:
+        raise UnknownReference(
+            f"approval {ev.approval_id}: decision names version {ev.held_version} and digest "
+            f"{ev.digest[:8]}..., the held request is version {held.held_version} digest "
+            f"{held.digest[:8]}..."
         )
-        draft.recoverable("approval_denied", refusal(held.approval_id, "APPROVAL_DENIED"))
-        draft.end_turn(Cause.WITHDRAWN)
-        return
-    spec = agent.catalog.get(held.tool)
-    if spec is None:  # pragma: no cover - the catalog is fixed for a run
-        raise UnknownReference(f"tool {held.tool} is not in the catalog")
+    if ev.reviewer not in draft.ctx.agent.reviewers:
+        raise UnknownReference(f"approval {ev.approval_id}: {ev.reviewer!r} may not decide")
+    return held
+
+
+def _deny(draft: Draft, held: HeldProposal, ev: ApprovalDecided) -> None:
+    held.status = ApprovalStatus.DENIED
+    held.decided_at = ev.now
+    draft.row(
+        RowKind.APPROVAL,
+        tool=held.tool,
+        outcome="denied",
+        detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
+    )
+    draft.recoverable("approval_denied", refusal(held.approval_id, "APPROVAL_DENIED"))
+    draft.end_turn(Cause.WITHDRAWN)
+
+
+def _admission_terms(
+    draft: Draft, spec: ToolSpec, held: HeldProposal, now: float
+) -> dict[str, bool]:
+    """Whether the approved call may be admitted now, term by term: it fits the ledger, the
+    clocks allow it, the grants permit it, and local capacity has room."""
+    rec = draft.rec
     fits = rec.ledger.fits(tool_call_liability(spec.liability or ZERO))
-    clocks_ok = clock_refusal(rec, ev.now) is None
+    clocks_ok = clock_refusal(rec, now) is None
     granted = spec.permitted(rec.grants, held.args)
     capacity = draft.ctx.capacity(rec, spec, held.args) if draft.ctx.capacity else True
-    if not (fits and clocks_ok and granted and capacity) or rec.pending_control is not None:
+    return {"fits": fits, "clocks": clocks_ok, "granted": granted, "capacity": capacity}
+
+
+def _approve(draft: Draft, held: HeldProposal, ev: ApprovalDecided) -> None:
+    """Dispatch the held call if admission's terms are met now; otherwise record the approval
+    and keep the request held."""
+    rec = draft.rec
+    spec = draft.ctx.agent.catalog.get(held.tool)
+    if spec is None:  # pragma: no cover - the catalog is fixed for a run
+        raise UnknownReference(f"tool {held.tool} is not in the catalog")
+    terms = _admission_terms(draft, spec, held, ev.now)
+    if not all(terms.values()) or rec.pending_control is not None:
         # Table 8: the decision is good, admission is not: record it, keep the request held,
         # and admit it when a later delivery of the decision finds the terms met.
         draft.row(
             RowKind.APPROVAL,
             tool=held.tool,
             outcome="approved_not_admitted",
-            detail={
-                "approval_id": held.approval_id,
-                "reviewer": ev.reviewer,
-                "fits": fits,
-                "clocks": clocks_ok,
-                "granted": granted,
-                "capacity": capacity,
-            },
+            detail={"approval_id": held.approval_id, "reviewer": ev.reviewer, **terms},
         )
         draft.note = "approved, but dispatch is not admitted now: the request stays held"
         return

@@ -6,6 +6,7 @@ The shared path of a model's tool proposal, an approved held action and a plan's
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from kernel.amounts import NOTHING, ZERO, Dimension, tool_call_liability
@@ -14,7 +15,7 @@ from kernel.errors import AdmissionRefused
 from kernel.events import DispatchTool
 from kernel.fastmodel import construct
 from kernel.lifecycle import Cause, transition
-from kernel.record import Operation, OpKind
+from kernel.record import Operation, OpKind, TrajectoryRecord
 from kernel.states import LifecycleState
 from kernel.tools import ToolSpec
 
@@ -55,46 +56,13 @@ def dispatch(
     fit the budget registers nothing and ends the run with the matching stop.
     """
     rec = draft.rec
-    planned: list[Operation] = []
-    tool_ops = sum(1 for op in rec.operations.values() if op.kind is OpKind.TOOL)
-    for j, (spec, args, plan_step) in enumerate(calls):
-        call_id = f"{rec.trajectory_id}/t{tool_ops + j + 1}"
-        planned.append(
-            construct(
-                Operation,
-                op_id=call_id,
-                call_id=call_id,
-                kind=OpKind.TOOL,
-                attempts=[f"{call_id}/a1"],
-                idempotency_key=keys[j] if keys else call_key(draft, plan_step, j),
-                epoch=rec.control_epoch,
-                reservation=tool_call_liability(spec.liability or ZERO),
-                tool=spec.name,
-                args=args,
-                plan_step=plan_step,
-                turn=rec.turn,
-            )
-        )
-
-    def register(r: Any) -> None:
-        done: list[str] = []
-        try:
-            for op in planned:
-                r.ledger.admit(op.attempts[0], op.reservation)
-                done.append(op.attempts[0])
-        except AdmissionRefused:
-            for attempt in done:  # not sent: nothing left the process, so nothing is owed
-                r.ledger.book(attempt, NOTHING)
-            raise
-        for op in planned:
-            r.operations[op.op_id] = op
-        r.tool_dispatches += len(planned)
-
+    planned = _operations(draft, calls, keys)
     try:
         if cause is None:
-            register(rec)
+            _register(planned, rec)
         else:
-            transition(rec, S.WAITING_TOOL, draft.decide(cause), draft.now, admit=register)
+            admit = partial(_register, planned)
+            transition(rec, S.WAITING_TOOL, draft.decide(cause), draft.now, admit=admit)
     except AdmissionRefused as refused:
         draft.stop(MISFIT_STOP[Dimension(refused.dimension)])
         return
@@ -115,3 +83,47 @@ def dispatch(
                 approval_digest=approval_digest,
             )
         )
+
+
+def _operations(draft: Draft, calls: list[Call], keys: list[str] | None) -> list[Operation]:
+    """The operations ``calls`` will be, numbered after the run's tool calls so far; nothing
+    is registered yet. ``keys`` (one per call) overrides the idempotency keys."""
+    rec = draft.rec
+    planned: list[Operation] = []
+    tool_ops = sum(1 for op in rec.operations.values() if op.kind is OpKind.TOOL)
+    for j, (spec, args, plan_step) in enumerate(calls):
+        call_id = f"{rec.trajectory_id}/t{tool_ops + j + 1}"
+        planned.append(
+            construct(
+                Operation,
+                op_id=call_id,
+                call_id=call_id,
+                kind=OpKind.TOOL,
+                attempts=[f"{call_id}/a1"],
+                idempotency_key=keys[j] if keys else call_key(draft, plan_step, j),
+                epoch=rec.control_epoch,
+                reservation=tool_call_liability(spec.liability or ZERO),
+                tool=spec.name,
+                args=args,
+                plan_step=plan_step,
+                turn=rec.turn,
+            )
+        )
+    return planned
+
+
+def _register(planned: list[Operation], rec: TrajectoryRecord) -> None:
+    """Reserve every planned operation in ``rec``'s ledger and register it, all or none: if one
+    is refused, the reservations already made are booked at nothing and the refusal raised."""
+    done: list[str] = []
+    try:
+        for op in planned:
+            rec.ledger.admit(op.attempts[0], op.reservation)
+            done.append(op.attempts[0])
+    except AdmissionRefused:
+        for attempt in done:  # not sent: nothing left the process, so nothing is owed
+            rec.ledger.book(attempt, NOTHING)
+        raise
+    for op in planned:
+        rec.operations[op.op_id] = op
+    rec.tool_dispatches += len(planned)

@@ -19,7 +19,7 @@ from kernel.events import HoldForApproval, ModelReplied, ReplyStatus
 from kernel.lifecycle import Cause
 from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import digest, fingerprint
-from kernel.record import HeldProposal, OpKind, OpStatus
+from kernel.record import HeldProposal, OpKind, OpStatus, TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
 from kernel.tools import ToolSpec
 
@@ -156,7 +156,7 @@ def _on_plan(draft: Draft, steps: Any) -> None:
 
 def _on_tools(draft: Draft, calls: list[Any]) -> None:
     """Validate each proposed call, then hold, dispatch, or observe; never dispatch twice."""
-    rec, agent = draft.rec, draft.ctx.agent
+    rec = draft.rec
     admitted: list[Call] = []
     for call in calls:
         if len(admitted) >= rec.budget.max_fanout:
@@ -169,25 +169,15 @@ def _on_tools(draft: Draft, calls: list[Any]) -> None:
         if rec.seen[fp] > rec.budget.max_repeat:
             draft.stop(StopReason.REPEATED_CALL, f"{name} proposed {rec.seen[fp]} times")
             return
-        spec = agent.catalog.get(name) if isinstance(name, str) else None
-        if spec is None:
-            draft.recoverable(
-                "unknown_tool", {"status": "error", "code": "unknown_tool", "tool": str(name)}
-            )
+        known = _known_call(draft, name, args)
+        if known is None:
             continue
-        clean, why = spec.validate_args(args)
-        if clean is None:
-            draft.recoverable(
-                "schema_violation", {"status": "error", "code": "schema_violation", "detail": why}
-            )
-            continue
+        spec, clean = known
         if not isinstance(plan_step, str) or not any(s.id == plan_step for s in rec.plan):
             plan_step = None
-        if not spec.permitted(rec.grants, clean):
-            draft.stop(StopReason.FAILED, f"policy denial: {spec.name} is not granted")
-            return
-        if spec.liability is None:
-            draft.stop(StopReason.FAILED, f"policy denial: {spec.name} has no finite liability")
+        denial = _policy_denial(rec, spec, clean)
+        if denial is not None:
+            draft.stop(StopReason.FAILED, denial)
             return
         if spec.needs_approval(clean):
             _hold(draft, spec, clean, plan_step)
@@ -197,6 +187,34 @@ def _on_tools(draft: Draft, calls: list[Any]) -> None:
         draft.end_turn(Cause.REPLY_OBSERVE)
         return
     dispatch(draft, admitted, Cause.REPLY_TOOLS)
+
+
+def _known_call(draft: Draft, name: Any, args: Any) -> tuple[ToolSpec, dict[str, Any]] | None:
+    """The catalog's spec for ``name`` and ``args`` validated against it; or None, once the
+    model is told why not (an unknown tool, or arguments that break the tool's schema)."""
+    spec = draft.ctx.agent.catalog.get(name) if isinstance(name, str) else None
+    if spec is None:
+        draft.recoverable(
+            "unknown_tool", {"status": "error", "code": "unknown_tool", "tool": str(name)}
+        )
+        return None
+    clean, why = spec.validate_args(args)
+    if clean is None:
+        draft.recoverable(
+            "schema_violation", {"status": "error", "code": "schema_violation", "detail": why}
+        )
+        return None
+    return spec, clean
+
+
+def _policy_denial(rec: TrajectoryRecord, spec: ToolSpec, args: dict[str, Any]) -> str | None:
+    """Why policy forbids this call whatever the model says (not granted, or no finite
+    liability to reserve), or None if it allows it."""
+    if not spec.permitted(rec.grants, args):
+        return f"policy denial: {spec.name} is not granted"
+    if spec.liability is None:
+        return f"policy denial: {spec.name} has no finite liability"
+    return None
 
 
 def _hold(draft: Draft, spec: ToolSpec, args: dict[str, Any], plan_step: str | None) -> None:

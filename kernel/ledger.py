@@ -1,18 +1,14 @@
 """The ledger: what makes a budget a hard ceiling.
 
-Per cumulative dimension it keeps the allowance, the settled ``actual``, the ``reserved`` sum of
+Per dimension an account keeps the allowance, the settled ``actual``, the ``reserved`` sum of
 outstanding reservations and the protected finalization ``reserve``. Admission is
-bounded-liability admission (seed 004 equation 1, componentwise)::
+bounded-liability admission (seed 004 equation 1), in every dimension::
 
     actual + reserved + liability + reserve <= allowance
 
-(the reserve term is dropped only in FINALIZING, which is what the reserve is for). Only
-evidence settles or releases a reservation: there is no "release on timeout" method, by design.
-Methods change the ledger in place (the kernel always works on its own copy of a record) but
-never an account: a ledger's copy shares the accounts, and a write replaces the account it
-changes with a new one. They write the new account's figures straight into its ``__dict__``:
-accounts validate nothing on assignment, and this skips pydantic's bookkeeping on the
-kernel's most frequent writes.
+with the reserve dropped only in FINALIZING. Only evidence settles or releases a reservation.
+Methods change the ledger in place, never an account: a ledger's copy shares the accounts, and
+a write replaces the account it changes. Design: docs/adr/0101-ledger-bounded-liability.md.
 """
 
 from __future__ import annotations
@@ -167,7 +163,7 @@ class Ledger(BaseModel):
         for name in DIMENSION_NAMES:
             amount = amounts[name]
             if amount:
-                account = accounts[name] = shallow_copy(accounts[name])  # see the docstring
+                account = accounts[name] = shallow_copy(accounts[name])  # see the module docstring
                 account.__dict__["reserved"] += amount
 
     def settle(self, op_id: str, usage: Amounts, *, final: bool = True) -> Amounts:

@@ -1,26 +1,11 @@
 """A model's JSON bytes exactly as its pydantic serializer writes them, written by orjson.
 
-The store writes the record after every step, so this is the kernel's most frequent encoding.
-pydantic-core walks its serialisation schema field by field; orjson writes a dataclass straight
-from the instance's ``__dict__``, in C. A class marked with :func:`json_native` looks like a
-dataclass to orjson (it gets a ``__dataclass_fields__`` table, which also makes
-``dataclasses.fields`` and pytest's diffs work on it), so a record is written without a Python
-call per model. Both libraries write strings, ints, enums and floats with the same text (floats
-as ``repr``), and a Decimal is written as its ``str``, as pydantic does.
-
-Where the two would differ, the value goes to pydantic instead, so the bytes never change:
-
-- a float field holding an int (pydantic writes ``1.0``, orjson ``1``): checked before writing,
-  along every path of model fields that reaches a float field;
-- a value orjson cannot write or would write differently (an int beyond 64 bits, a set, bytes,
-  a datetime, a non-str key, a model of a class not marked): it raises, and pydantic writes the
-  whole value;
-- a class whose serialisation pydantic customises (aliases, exclusions, computed fields,
-  serializers, kept extras, float containers): :func:`json_native` refuses to mark it.
-
-Not checked, because nothing in the kernel writes them: an ``int`` field holding a ``bool``
-(pydantic writes ``1``, orjson ``true``), a marked model inside an ``Any`` field (its float
-fields are not walked), a Decimal subclass with its own ``__str__``.
+:func:`model_json` returns the bytes ``model.__pydantic_serializer__.to_json(model)`` would;
+for a class marked with :func:`json_native` orjson writes them, in C, and wherever the two
+could differ (a float field holding an int, a value orjson cannot write or writes otherwise, a
+class whose JSON pydantic customises) pydantic writes the value. Not checked, so not to be
+relied on: an ``int`` field holding a ``bool``, a marked model inside an ``Any`` field, a
+Decimal subclass with its own ``__str__``. Design: docs/adr/0102-model-json-through-orjson.md.
 """
 
 from __future__ import annotations
@@ -29,7 +14,7 @@ import dataclasses
 import types
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, TypeVar, Union, get_args, get_origin
+from typing import Any, TypeGuard, TypeVar, Union, get_args, get_origin
 
 import orjson
 from pydantic import BaseModel, PlainSerializer, WrapSerializer
@@ -113,7 +98,7 @@ _CHECKS: dict[type, Check] = {}
 def _check_for(cls: type, visiting: set[type]) -> Check:
     """What must hold of a ``cls`` value for orjson to write it as pydantic would: never for a
     class not marked; otherwise its float fields hold floats, recursively."""
-    if not (isinstance(cls, type) and _NATIVE in cls.__dict__ and issubclass(cls, BaseModel)):
+    if not _is_marked(cls):
         return _never
     if cls in visiting:  # a recursive model: left to pydantic, not worth a walk
         return _never
@@ -132,14 +117,23 @@ def _check_for(cls: type, visiting: set[type]) -> Check:
                 return _never
             if child is not _always:
                 children.append((name, inner, child))
-            continue
-        for nested in _models_in(annotation):  # in a container or a union: no walk
-            if _check_for(nested, visiting) is not _always:
-                return _never
+        elif not _all_always(annotation, visiting):  # in a container or a union: no walk
+            return _never
     visiting.discard(cls)
     if not floats and not children:
         return _always
     return _fields_check(tuple(floats), tuple(children))
+
+
+def _is_marked(cls: type) -> TypeGuard[type[BaseModel]]:
+    """``cls`` is a model class marked with :func:`json_native` itself (not by inheritance)."""
+    return isinstance(cls, type) and _NATIVE in cls.__dict__ and issubclass(cls, BaseModel)
+
+
+def _all_always(annotation: Any, visiting: set[type]) -> bool:
+    """Every model class named inside ``annotation`` is always written by orjson as pydantic
+    would, whatever its values."""
+    return all(_check_for(nested, visiting) is _always for nested in _models_in(annotation))
 
 
 def _fields_check(floats: tuple[str, ...], children: tuple[tuple[str, type, Check], ...]) -> Check:
