@@ -1,52 +1,15 @@
 """The admitter in Redis: every router replica admits from the same queues, none twice.
 
-Same semantics as the in-memory :class:`~router.admitter.Admitter` (the contract suite holds the
-two to the same admissions, credits and depths): weighted deficit round-robin with the
-sparse-flow rule, validation at the edge, the same refusals. Its state (credits, rotation, the
-queues, and the provider gates' counters) lives in Redis under one hash tag, ``{P:adm}``, and
-changes only inside Lua scripts (``router/lua``), so two replicas never interleave half a pick.
-
-Claims
-------
-In memory a nomination is only a proposal; here, where another replica could nominate the same
-call a microsecond later, :meth:`RedisAdmitter.nominate` *claims* it. One script picks the call
-by DRR, debits its route's gate under the claim id, deducts the charge and takes the call out of
-its queue; no other claim can return it. A gate that refuses leaves the tenant where it stands,
-with its credit and its call (READY, at its queue head), and closes that route for the rest of
-the script run, so nobody behind it on the same route ends a visit or overtakes it; tenants on
-other routes are tried next (as ``Admitter.admit_next`` does with a refusing check). The claim
-then ends exactly once:
-
-* :meth:`commit` after the trajectory's compare-and-set admission succeeded: the debit stands;
-  the dispatcher sends with the claim id as lease id, renews it while the call runs, and settles
-  it (:meth:`RedisGates.after_reply`);
-* :meth:`decline` when the trajectory's own check refused: the call goes back to the head of
-  its queue with the credit it had, and the gate debit is released;
-* :meth:`withdraw` of the trajectory: the claim is dropped, the debit released;
-* the reconciler, once the claim's deadline has passed (below).
-
-Design note: the admission transaction (issue 9, item 5)
---------------------------------------------------------
-The quota debit (here, in the admitter's slot) and the trajectory's compare-and-set (in the
-trajectory's own slot) cannot share one script on Redis Cluster, so they do not happen as one:
-**a debit without its commit is released by a reconciler within a bound**. The order is: claim
-(debit, deadline = now + ``claim_ttl_s``), then the compare-and-set, then :meth:`commit`. A
-claim still pending at its deadline means its dispatcher died or stalled before committing the
-claim. :meth:`reconcile` (any replica, periodically) looks each such trajectory up: if it is
-still READY its call goes back to the head of its queue, otherwise (the compare-and-set landed,
-or an operator paused it) the claim is dropped; either way the debit is released. The bound is
-``claim_ttl_s`` plus the reconcile period. The send is fenced by :meth:`commit`: it raises
-:class:`~kernel.errors.ClaimLapsed` if the reconciler got there first, and the dispatcher must
-then debit again (``gates.debit(route, claim_id, charge)``, waiting READY-like while it is
-refused) before the request may leave, so no request is ever sent without a standing debit.
-
-Batches: a dispatcher with several free slots may claim up to that many calls in one script
-run (:meth:`RedisAdmitter.claim_many`, the same as that many claims one after another), commit
-them together (:meth:`commit_many`) and requeue returning trajectories together
-(:meth:`requeue_many`): one round trip each instead of one per call.
-
-Figures: depths, credits, admitted calls and charge are global; the wait histogram and the
-sliding window of :meth:`figures` count this replica's own commits.
+Same contract as the in-memory :class:`~router.admitter.Admitter` (:mod:`router.admission`;
+the contract suite holds the two to the same admissions, credits and depths). A nomination
+here is a :class:`~router.claims.Claim`: the call is out of its queue and its gate debited
+until the claim ends exactly once, by :meth:`~RedisAdmitter.commit`,
+:meth:`~RedisAdmitter.decline`, a :meth:`~RedisAdmitter.withdraw` of its trajectory, or
+:meth:`~RedisAdmitter.reconcile` after its deadline (``claim_ttl_s``). A commit that finds
+its claim reaped raises :class:`~kernel.errors.ClaimLapsed`: debit the gate again before
+sending. State lives under one hash tag and changes only inside the Lua scripts of
+``router/lua``.
+Design: ``docs/adr/0003-redis-admitter-claims.md``.
 """
 
 from __future__ import annotations
