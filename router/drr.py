@@ -129,28 +129,24 @@ def nominate(
     into equal ones; letting lanes behind a refused one end their visits hands them quanta the
     blocked lane does not get.)
     """
+    if skip is not None and (skip or closed):
+        return _nominate_passing_over(state, skip, closed)
+    # The same loop as _nominate_passing_over's with nothing passed over, written out: it is
+    # the admission hot path, and a call per visit costs more than the rest of the visit.
     new, old = state.new, state.old
     lanes = state.lanes
     cap = state.credit_cap
     idle = 0  # visits in a row that earned no credit; a full cycle of them is a stall
     while True:
-        if skip:
-            index, rotation = _first_unskipped(state, skip)
-            if index < 0:
-                return None
-        elif new:
+        if new:
             rotation = new
-            index = new[0]
         elif old:
             rotation = old
-            index = old[0]
         else:
             return None
+        index = rotation[0]
         lane = lanes[index]
         if lane.queued:
-            if closed and skip is not None and _head_route(lane) in closed:
-                skip.add(index)
-                continue
             klass = 0 if len(lane.classes) == 1 else _class_head(lane, cap)
             if klass >= 0:
                 call = lane.classes[klass].queue[0]
@@ -161,25 +157,68 @@ def nominate(
             grant = before + lane.quantum
             lane.credit = grant if grant < cap else cap
             idle = 0 if lane.credit != before else idle + 1
-            if skip:
-                _leave(rotation, index)
-            else:
-                rotation.popleft()
+            rotation.popleft()
             old.append(index)
             lane.listed = OLD
         else:  # an emptied lane's placeholder reaches the head: it leaves the rotation
-            if skip:
-                _leave(rotation, index)
-            else:
-                rotation.popleft()
+            rotation.popleft()
             lane.listed = UNLISTED
-        # count the visit (inlined _count_visit: this loop is the admission hot path)
+        # count the visit (inlined _count_visit)
         state.round_left -= 1
         if state.round_left <= 0:
             state.rounds += 1
             state.round_left = len(new) + len(old)
         if idle > len(new) + len(old):
             return None
+
+
+def _nominate_passing_over(
+    state: DrrState, skip: set[int], closed: Collection[str]
+) -> Nomination | None:
+    """:func:`nominate` with ``skip`` and ``closed``: each visit as there, at the first lane
+    not skipped, which need not be the head of its list."""
+    cap = state.credit_cap
+    idle = 0
+    while True:
+        index, rotation = _first_unskipped(state, skip)
+        if index < 0:
+            return None
+        lane = state.lanes[index]
+        if lane.queued:
+            if closed and _head_route(lane) in closed:
+                skip.add(index)
+                continue
+            nomination = _offer(lane, index, cap)
+            if nomination is not None:
+                return nomination
+            idle = 0 if _end_visit(lane, cap) else idle + 1
+            _leave(rotation, index)
+            state.old.append(index)
+            lane.listed = OLD
+        else:
+            _leave(rotation, index)
+            lane.listed = UNLISTED
+        _count_visit(state)
+        if idle > len(state.new) + len(state.old):
+            return None
+
+
+def _offer(lane: TenantLane, index: int, cap: int) -> Nomination | None:
+    """The lane's next call if its credit covers it, else None (its visit is over)."""
+    klass = 0 if len(lane.classes) == 1 else _class_head(lane, cap)
+    if klass >= 0:
+        call = lane.classes[klass].queue[0]
+        if call.charge <= lane.credit:
+            return Nomination(index, klass, call)
+    return None
+
+
+def _end_visit(lane: TenantLane, cap: int) -> bool:
+    """Credit the lane's quantum for its next visit, up to ``cap``; False if it earned nothing."""
+    before = lane.credit
+    grant = before + lane.quantum
+    lane.credit = grant if grant < cap else cap
+    return lane.credit != before
 
 
 def _head_route(lane: TenantLane) -> str:
