@@ -56,7 +56,7 @@ from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
 from kernel.states import LifecycleState
 from router.feed import TurnMessage
-from router.membership import Membership
+from router.membership import MemberRecord, Membership
 from router.ring import Ring
 from router.stranded import ACTING, StrandedTurns
 from router.submit import RouterApi
@@ -296,44 +296,14 @@ class Reconciler:
         if not holders:
             return []
         records = {r.name: r for r in self.membership.records()}
-        ring = self.ring()
-        on_ring = {m.name for m in ring.members}
-        # Lapsed (or gone) and already out of this router's ring, so a recovered turn is never
-        # placed on the dead member again; and some member must be left to take it.
-        dead = sorted(
-            m for m in holders if (m not in records or not records[m].live) and m not in on_ring
-        )
-        if not dead or not any(not m.draining for m in ring.members):
+        dead = self._dead(holders, records)
+        if not dead:
             return []
-        out: list[str] = []
         entries: list[dict[str, Any]] = []
         for member in dead:
-            held = self.holdings.held(member)
-            if not held:
-                if member not in records:
-                    self.holdings.forget(member)
-                continue
-            rec = records.get(member)
-            last_beat = rec.heartbeat_at if rec is not None else -math.inf
-            for h in held:
-                if not self.holdings.take(member, h):
-                    continue  # another router took it
-                if not self._recover(h):
-                    continue
-                since = self.holdings.redis_now() - last_beat
-                out.append(h.trajectory_id)
-                entries.append(
-                    {
-                        "member": member,
-                        "tenant": h.tenant,
-                        "trajectory_id": h.trajectory_id,
-                        "since_heartbeat_s": round(since, 3) if math.isfinite(since) else None,
-                        "by": self.by,
-                    }
-                )
-                if math.isfinite(since):
-                    self.figures.append(since)
+            entries += self._recover_member(member, records.get(member))
         self.holdings.record_recoveries(entries)
+        out = [e["trajectory_id"] for e in entries]
         self.recovered += len(out)
         if out:
             worst = max((e["since_heartbeat_s"] or 0.0) for e in entries)
@@ -344,6 +314,48 @@ class Reconciler:
                 worst,
             )
         return out
+
+    def _dead(self, holders: set[str], records: dict[str, MemberRecord]) -> list[str]:
+        """The holders to recover from: lapsed (or gone) and already out of this router's ring,
+        so a recovered turn is never placed on the dead member again; none while no member on
+        the ring takes new work, since a recovery could not be sent on."""
+        ring = self.ring()
+        on_ring = {m.name for m in ring.members}
+        dead = sorted(
+            m for m in holders if (m not in records or not records[m].live) and m not in on_ring
+        )
+        if not dead or not any(not m.draining for m in ring.members):
+            return []
+        return dead
+
+    def _recover_member(self, member: str, rec: MemberRecord | None) -> list[dict[str, Any]]:
+        """Take and recover each turn ``member`` holds; its recovery entries. A member that
+        holds nothing and is no longer registered (``rec`` None) is forgotten."""
+        held = self.holdings.held(member)
+        if not held:
+            if rec is None:
+                self.holdings.forget(member)
+            return []
+        last_beat = rec.heartbeat_at if rec is not None else -math.inf
+        entries: list[dict[str, Any]] = []
+        for h in held:
+            if not self.holdings.take(member, h):
+                continue  # another router took it
+            if not self._recover(h):
+                continue
+            since = self.holdings.redis_now() - last_beat
+            entries.append(
+                {
+                    "member": member,
+                    "tenant": h.tenant,
+                    "trajectory_id": h.trajectory_id,
+                    "since_heartbeat_s": round(since, 3) if math.isfinite(since) else None,
+                    "by": self.by,
+                }
+            )
+            if math.isfinite(since):
+                self.figures.append(since)
+        return entries
 
     def _recover(self, h: Held) -> bool:
         """``Recover`` by compare-and-set while the record is still in the sent turn."""
