@@ -1,15 +1,13 @@
 """The admitter in Redis: every router replica admits from the same queues, none twice.
 
-Same contract as the in-memory :class:`~router.admitter.Admitter` (:mod:`router.admission`;
-the contract suite holds the two to the same admissions, credits and depths). A nomination
-here is a :class:`~router.claims.Claim`: the call is out of its queue and its gate debited
-until the claim ends exactly once, by :meth:`~RedisAdmitter.commit`,
+Same contract as the in-memory :class:`~router.admitter.Admitter` (:mod:`router.admission`).
+A nomination here is a :class:`~router.claims.Claim`: the call is out of its queue and its gate
+debited until the claim ends exactly once, by :meth:`~RedisAdmitter.commit`,
 :meth:`~RedisAdmitter.decline`, a :meth:`~RedisAdmitter.withdraw` of its trajectory, or
-:meth:`~RedisAdmitter.reconcile` after its deadline (``claim_ttl_s``). A commit that finds
-its claim reaped raises :class:`~kernel.errors.ClaimLapsed`: debit the gate again before
-sending. State lives under one hash tag and changes only inside the Lua scripts of
-``router/lua``.
-Design: ``docs/adr/0003-redis-admitter-claims.md``.
+:meth:`~RedisAdmitter.reconcile` after its deadline (``claim_ttl_s``). A commit that finds its
+claim reaped raises :class:`~kernel.errors.ClaimLapsed`: debit the gate again before sending.
+:class:`RedisAdmitter` is a facade over one part per job (``router/redis_*.py``,
+:mod:`router.lapsed_claims`). Design: ``docs/adr/0003-redis-admitter-claims.md``.
 """
 
 from __future__ import annotations
