@@ -1,35 +1,11 @@
 """A router process: the ring, the ready feed and the dispatch loop (``reins router``).
 
-Boot (:mod:`router.boot`): settings, one Redis client for the store, the membership, the
-feed and the admitter; the tenant and gate configurations from files; a Celery app that only
-sends. Then, until SIGTERM:
-
-* every ``REINS_HEARTBEAT_INTERVAL_S / 2``, a *tick*: rebuild the ring if the membership
-  changed and publish it (so drains are acknowledged), send the turns members handed back
-  unstarted on to another member (a drain that ran out of grace, a record of a newer schema:
-  :class:`router.feed.HandBack`), reconcile lapsed claims, recover the turns held by a
-  member whose heartbeat lapsed (:mod:`router.reconcile`; every turn message sent is
-  recorded in its member's holdings first), and, as a slow backstop, turns stranded with no
-  holding (:mod:`router.stranded`); and every ``TICK_EVERY_S``, the kernel's ``Tick`` for
-  waiting trajectories, so wall-clock limits and approval expiry take effect
-  (:mod:`router.ticker`);
-* otherwise a *cycle*: take notices from the feed, settle and requeue, admit what fits.
-
-An observer (:class:`router.observe.RouterObserver`, Prometheus metrics from ``ops``) is
-told the tenants at boot, each admission, gate refusal and commit as it happens, and the
-admitter's figures and the membership at each tick (held approvals every
-``HELD_APPROVALS_EVERY_S``).
-
-Two router processes run side by side. With the shared admitter (``--admitter redis``, the
-default) both admit from the same Redis queues and gates, and neither can admit a call twice
-(the claim is atomic and the kernel's admission is a compare-and-set). With an admitter local
-to the process (``drr`` or ``fifo``, for comparison and for a Redis without the admitter's
-scripts), only the holder of a lease in Redis admits; the other stands by, serving the ring,
-and takes over within ``REINS_ADMITTER_LEASE_S`` by rebuilding the queues from the store.
-Correctness never depends on the lease: two admitters at once cost fairness, not safety.
-
-SIGTERM: stop the loop, give up the lease, retire the ring report, exit 0. A router holds no
-turn: a claim it leaves uncommitted is reaped by the other router's reconciler.
+:class:`RouterService` boots its parts (:mod:`router.boot`), then until SIGTERM alternates a
+*tick* every ``REINS_HEARTBEAT_INTERVAL_S / 2`` (ring refresh, hand-backs, recovery, ``Tick`` for
+waiting trajectories, lapsed claims or the local admitter's lease, figures: :mod:`router.chores`)
+with *cycles* (take notices, settle and requeue, admit what fits). Any number of routers run
+side by side; none can admit a call twice. On SIGTERM it stops the loop, gives up the lease,
+retires its ring report and exits 0; it holds no turn. Design: ``docs/adr/0009-router-process.md``.
 """
 
 from __future__ import annotations
