@@ -1,18 +1,11 @@
 """The store's seams: snapshot store, execution chain, idempotency ledger, and their contracts.
 
 Every backend (Redis for the fleet, SQLite embedded, in-memory for tests) subclasses
-:class:`TrajectoryStore` and implements the few abstract methods below; the contract suite in
-``tests/contract`` runs the same tests against each of them.
-
-A write goes through two steps. :func:`prepare_commit` checks the caller's input and serialises
-it (pure; refusing bad input before anything is touched); the backend's :meth:`apply
-<SnapshotStore.apply>` then carries out the prepared :class:`Commit` as one atomic step. Keeping
-serialisation out of ``apply`` lets the benchmark time the two apart.
-
-Every commit carries a commit id. A backend stores the id of each version it commits, and a
-commit whose id is already stored at its target version is a repeat: it reports success and
-writes nothing. That is what makes a retry after a lost reply safe (the retry can neither
-apply twice nor be mistaken for a lost race).
+:class:`TrajectoryStore`; the contract suite in ``tests/contract`` runs against each. A write is
+:func:`prepare_commit` (pure: checks and serialises, refusing bad input before anything is
+touched) then the backend's atomic :meth:`~SnapshotStore.apply`. A commit whose id is already
+stored at its target version is a repeat: it reports success and writes nothing, so a retry
+after a lost reply is safe. Design: ``docs/adr/0013-store-seams.md``.
 """
 
 from __future__ import annotations
