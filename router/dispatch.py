@@ -163,7 +163,7 @@ class Dispatcher:
     def _requeued(self, n: Notice, answer: Any) -> None:
         if isinstance(answer, FinalizeNow):
             # A next call over the tenant's largest call can never be admitted: end the run
-            # now (seed 004: bounded latency needs rejection), not leave it waiting.
+            # now (bounded latency needs rejection), not leave it waiting.
             log.warning("%s/%s can never be admitted: %s", n.tenant, n.trajectory_id, answer.why)
             self.finalize(n.tenant, n.trajectory_id, answer.stop_reason, answer.why)
         elif isinstance(answer, Exception):  # already queued, most often: a duplicate notice
