@@ -1,23 +1,10 @@
-"""The admitter: tenants' READY model calls in, one admitted call at a time out, fairly.
+"""The admitter in memory: tenants' READY model calls in, one admitted call at a time out.
 
-This is the in-memory admitter, for the embedded runner; :mod:`router.redis_admitter` is the
-fleet's, with the same behaviour behind the same interface (:mod:`router.admission`). It
-validates at the edge (:meth:`Admitter.submit`, :meth:`Admitter.requeue`), so the per-pick path
-runs on plain state (:mod:`router.drr`) with no pydantic objects.
-
-Admission is a three-step conversation, because a pick is a nomination, not a grant::
-
-    nomination = admitter.nominate()          # who is next by weighted deficit round-robin
-    if nomination and admission_check(nomination.call):   # quota gates, the kernel's guard
-        admitter.commit(nomination)           # charge deducted, call dequeued
-    elif nomination:
-        admitter.decline(nomination)          # nothing deducted; call stays READY at the head
-
-A declined tenant keeps its credit and its place in its own queue; the next nomination looks
-at the other tenants first, so one tenant's refused call does not stall the rest.
-:meth:`Admitter.admit_next` runs the same conversation with the check given to it.
-
-The clock is injected (``Callable[[], float]``, seconds); tests and the bench pass simulated time.
+For the embedded runner (one owner); :mod:`router.redis_admitter` is the fleet's, with the
+same behaviour behind the same interface (:mod:`router.admission`). Calls are validated at the
+edge (:meth:`Admitter.submit`, :meth:`Admitter.requeue`), so each pick runs on the plain state
+of :mod:`router.drr`. The clock is injected (seconds); tests and the bench pass simulated time.
+Design: ``docs/adr/0001-weighted-drr-admission.md``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The broker side of the wire: the fleet's Celery configuration, its queues, and the publisher.
 
-Nothing here connects at import. :func:`make_app` builds the app for one deployment; a router
-sends with it, and a worker (:mod:`worker.celery_app`) registers its turn task on it. The
-settings that are easy to get wrong are set explicitly:
-
-* the broker is ``REINS_BROKER_URL``, separate from the store's ``REINS_REDIS_URL`` (kombu's
-  Redis transport does not speak Redis Cluster; the store does);
-* late acknowledgement, prefetch multiplier 1 and reject-on-worker-lost, so a message is only
-  gone once its turn ended, and a worker takes no more than it runs;
-* an explicit ``visibility_timeout`` (kombu's default is an hour) from
-  ``REINS_VISIBILITY_TIMEOUT_S``, longer than the longest turn, with a restore sweep a few
-  times per timeout; correctness never relies on it: a redelivered message whose expected
-  version is stale does nothing, and one whose turn was stranded is recovered from the record
-  (:mod:`worker.turn`);
-* every broker key under ``global_keyprefix`` = ``<REINS_KEY_PREFIX>:celery:``, so deployments
-  and test runs sharing a Redis never see each other's queues;
-* a thread pool of ``REINS_WORKER_CONCURRENCY`` threads: a turn waits seconds on a model, so a
-  worker holds many turns at once, not one per core.
-
-Each worker consumes one queue, named after its ring member (:func:`queue_for`).
+Nothing here connects at import. :func:`make_app` builds the app for one deployment (broker
+``REINS_BROKER_URL``, late acknowledgement, prefetch 1, an explicit visibility timeout, every
+key under ``<REINS_KEY_PREFIX>:celery:``, a thread pool); a router sends with it and a worker
+(:mod:`worker.celery_app`) registers its turn task on it. Each worker consumes one queue, named
+after its ring member (:func:`queue_for`). Design: ``docs/adr/0006-fleet-wire.md``.
 """
 
 from __future__ import annotations
@@ -144,19 +130,11 @@ def take_queued_turns(client: Any, settings: Settings, member: str, limit: int) 
 class TaskPublisher:
     """Publishes task messages straight into the broker's queue lists, one pipeline per flush.
 
-    The router sends a turn for every step, and Celery's ``send_task`` through kombu's producer
-    cost about a third of a router's CPU (a producer batch, a channel and a new Redis client
-    per flush, queue declarations, serialiser lookups). The message itself is Celery's own:
-    its headers and body come from ``app.amqp.as_task_v2``, as ``send_task`` builds them; only
-    the last step, kombu's Redis envelope (the body base64, the delivery info and tag) and the
-    ``LPUSH`` onto the queue's list, is done here, as :func:`take_queued_turns` reads it.
-    ``tests/fleet/test_publisher.py`` checks the envelope against the one Celery's
-    ``send_task`` writes for the same task, and every fleet process test has real workers
-    carry the turns out. ``reins bench fleet`` sends its no-op tasks the same way.
-
-    ``add`` and :meth:`turn` only buffer; :meth:`flush` pushes everything buffered, in order.
-    A caller flushes at least once per loop iteration, so a message waits in the buffer no
-    longer than the iteration that admitted it.
+    The message is Celery's own (``app.amqp.as_task_v2``, as ``send_task`` builds it) in
+    kombu's Redis envelope, as :func:`take_queued_turns` reads it; why not ``send_task``:
+    ``docs/adr/0006-fleet-wire.md``. ``add`` and :meth:`turn` only buffer; :meth:`flush`
+    pushes everything buffered, in order. A caller flushes at least once per loop iteration,
+    so a message waits in the buffer no longer than the iteration that admitted it.
     """
 
     def __init__(self, app: Celery, client: redis.Redis, settings: Settings) -> None:

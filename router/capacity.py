@@ -1,21 +1,10 @@
-"""Local capacity gates for tools, in their own physical units (seed 004 section 10.8.2).
+"""Local capacity gates for tools, each bottleneck in its own unit (slots, memory, disk ...).
 
-A tool that compiles code or runs a test suite needs sandbox slots, memory, disk, even when model
-quota is plentiful; each bottleneck is counted in its own unit (``sandbox_slots``, ``memory_mb``,
-``disk_mb`` ...), because with jobs of different sizes a slot count alone does not prevent an
-out-of-memory failure. Two places consult the same :class:`ToolCapacity`:
-
-* **Approval** (:meth:`ToolCapacity.fits`, the kernel's ``KernelContext.capacity`` plug-in): an
-  approved action whose demand does not fit *now* stays in AWAITING_APPROVAL with its recorded
-  decision, and is admitted when a later delivery of the decision finds room. It only reads, so
-  a kernel step that calls it stays free of effects (replay and a lost compare-and-set change
-  nothing here).
-* **Dispatch** (:class:`ToolQueue`): tool calls take their units in arrival order; a call that
-  does not fit stays queued (head of line, so a large job is never starved by small ones behind
-  it) and is admitted when a settlement returns enough units.
-
-The capacity is local to one worker host and lives in its memory, behind one lock: when the
-process dies, so do the sandboxes it counted.
+One :class:`ToolCapacity` per worker host, in memory behind one lock. :meth:`ToolCapacity.fits`
+(the kernel's ``KernelContext.capacity`` plug-in) only reads: an approved action that does not
+fit now stays AWAITING_APPROVAL until a later delivery finds room. :class:`ToolQueue` admits
+tool calls in arrival order; one that does not fit stays at the head until a settlement
+returns enough units. Design: ``docs/adr/0012-tool-capacity.md``.
 """
 
 from __future__ import annotations

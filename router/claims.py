@@ -2,7 +2,7 @@
 
 A :class:`Claim` is a nomination (:class:`router.drr.Nomination`) that one admitter holds
 exclusively until it commits, declines or withdraws it, or the reconciler reaps it after its
-deadline (the design note of :mod:`router.redis_admitter`). Its ``claim_id`` is also the lease id
+deadline (``docs/adr/0003-redis-admitter-claims.md``). Its ``claim_id`` is also the lease id
 of its gate debit: the dispatcher renews and settles the debit under it.
 """
 

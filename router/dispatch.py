@@ -1,43 +1,13 @@
 """The dispatch loop of a router: READY work in, one admitted turn at a time out to a worker.
 
-One admission, in order (DESIGN.md, "One turn through the fleet", steps 2-4)::
-
-    nomination = admitter.nominate()       # DRR pick; the Redis admitter claims it and debits
-                                           # its provider gate in the same script
-    record = store.load(...)               # the truth; the queue entry is only a hint
-    result = step(record, Admit(now))      # the kernel's guarded READY -> CALLING_MODEL
-    store.compare_and_set(result.record)   # register before send
-    admitter.commit(nomination)            # the charge stands, the gate lease is the turn's
-    member = ring.lookup(tenant/trajectory)
-    send TurnMessage to member's queue     # one Celery message per turn; with the shared
-                                           # admitter it lets the worker chain the next
-                                           # REINS_CHAIN_TURNS turns itself (worker.chain)
-
-and what happens when something else is true:
-
-* the record is no longer READY, or the kernel ended the run or paused it at admission (the
-  step committed a Finish or a hold): ``withdraw`` (the claim and its debit are dropped);
-* the compare-and-set lost (a control request landed first): ``decline`` (the call stays READY
-  at its queue head with its credit; the next nomination re-reads the record);
-* the record is of a schema version this build does not read (a newer build wrote it during a
-  rolling deploy): ``decline`` too, so a router of the newer build admits it (deploy routers
-  before workers; a worker of the older build hands such a turn back, :mod:`worker.turn`);
-* no worker on the ring, or (with the in-memory admitter) no room at the gate: nothing is
-  nominated, so DRR's rotation is not churned by refusals it cannot act on, and the loop
-  waits for a notice. The Redis admitter passes a gate refusal over inside its claim.
-
-With the Redis admitter the steps are batched: one script claims up to a burst of calls (in
-DRR order, gates debited), each is admitted as above, and one script commits the batch; the
-READY notices of a cycle are requeued by one script too. Each trajectory's load and
-compare-and-set stay its own (its keys have their own hash tag).
-
-:meth:`Dispatcher.intake` folds the notices workers push at the end of each turn: a READY
-trajectory is requeued (with its next call's charge and its provider route), and the turn's
-gate lease is settled with the usage the worker saw. A notice is a hint: a duplicate is
-refused by the admitter (already queued) and a stale one is dropped at the next load.
-
-Fairness figures: each admission is recorded with whether every tenant had READY work at that
-moment (the queue depths before the pick); shares are only comparable over those admissions.
+An admission loads the record (the truth; a queue entry is only a hint), steps the kernel's
+``Admit`` and commits it by compare-and-set, commits the nomination, and only then sends the
+turn to the ring's member (register before send). A record no longer READY is withdrawn; a lost
+compare-and-set or a record of a schema this build cannot read is declined, so the call stays
+READY at its queue head. With the Redis admitter claims, commits and requeues are batched, one
+script each per burst. :meth:`Dispatcher.intake` folds in the workers' turn-end notices:
+requeues READY trajectories and settles the ended turns' gate leases.
+Design: ``docs/adr/0005-dispatch-loop.md``.
 """
 
 from __future__ import annotations
@@ -193,7 +163,7 @@ class Dispatcher:
     def _requeued(self, n: Notice, answer: Any) -> None:
         if isinstance(answer, FinalizeNow):
             # A next call over the tenant's largest call can never be admitted: end the run
-            # now (seed 004: bounded latency needs rejection), not leave it waiting.
+            # now (bounded latency needs rejection), not leave it waiting.
             log.warning("%s/%s can never be admitted: %s", n.tenant, n.trajectory_id, answer.why)
             self.finalize(n.tenant, n.trajectory_id, answer.stop_reason, answer.why)
         elif isinstance(answer, Exception):  # already queued, most often: a duplicate notice

@@ -1,35 +1,11 @@
 """Weighted deficit round-robin over READY model calls: the plain state and the policy over it.
 
-The state (:class:`DrrState`) is one small object of plain fields (credits, the rotation of
-tenants, their FIFO queues) so that issue 9 can mirror it into Redis and run these same
-functions as Lua scripts. This module holds no configuration objects, no clock and no
-figures: :mod:`router.admitter` validates at the edge and keeps those.
-
-The policy (seed 004, section 10.8.1, after Shreedhar and Varghese 1995):
-
-* A lane (a tenant) at the head of the rotation has its head call nominated while the call's
-  charge fits the lane's credit. When it does not fit, the lane's visit is over: it earns its
-  quantum (``quantum_tokens x weight``) for the next visit, capped at ``credit_cap``, and goes
-  to the tail. Unspent credit carries over. A *round* is one visit of every lane in rotation;
-  a lane that stays backlogged earns exactly one quantum per round, so backlogged tenants
-  share the admitted charge in proportion to weight.
-* A lane whose queue empties has its credit reset to zero, so idle time earns nothing. When a
-  call arrives at an empty lane, the lane gets the quantum for its coming visit.
-* A lane that was out of the rotation enters the *new* list, which is served before the *old*
-  list of lanes already in rotation: the sparse-flow rule of FQ-CoDel (RFC 8290, section 4.2)
-  on top of plain DRR. Under plain DRR a quiet tenant's call waits behind a full visit of every
-  backlogged lane, so its wait grows when a neighbour turns loud; here it waits for the call in
-  service. The boost is bounded: a lane leaves the new list for the tail of old when its visit
-  ends or its queue empties, and an emptied lane stays in old as a placeholder until its turn
-  comes. So it re-enters the new list at most once per round, and a tenant whose queue keeps
-  emptying earns at most two quanta per round (one entering, one at its turn in old).
-* Two levels: inside a tenant, its service classes share the tenant's turns by the same
-  deficit rule (``TenantLane.class_active``, plain DRR). A tenant with one class skips this.
-* :func:`nominate` only proposes; :func:`commit` deducts and dequeues; :func:`decline` moves
-  the lane to the tail of the old list and changes no credit and no queue, so the call stays
-  READY at the head of its queue and the other tenants are not blocked behind it.
-
-Credits are integers so that Lua (numbers exact only up to 2**53) computes the same.
+The state (:class:`DrrState`) is plain fields and the policy is functions over it, which the
+Redis admitter's Lua scripts mirror; this module holds no configuration, clock or figures
+(:mod:`router.admitter` validates at the edge and keeps those). :func:`nominate` only proposes;
+:func:`commit` deducts the charge and dequeues; :func:`decline` sends the lane to the tail of
+the rotation and changes no credit and no queue. Credits are integers, so Lua computes the same.
+Design: ``docs/adr/0001-weighted-drr-admission.md``.
 """
 
 from __future__ import annotations
@@ -84,7 +60,7 @@ class TenantLane:
 
 @dataclass(slots=True, eq=False)
 class DrrState:
-    """The whole scheduler state; everything issue 9 keeps in Redis under one hash tag.
+    """The whole scheduler state; the Redis admitter keeps the same fields under one hash tag.
 
     Invariants (the property tests check them): ``0 <= credit <= credit_cap`` for every tenant
     and class; a lane or class with an empty queue has credit 0; a lane with queued calls is in
@@ -120,37 +96,28 @@ def nominate(
     backlogged lane sits at the credit cap with a head call larger than the cap, which a
     validated configuration rules out.
 
-    ``skip``: lanes passed over where they stand, as if they were not there (their place, credit
-    and visit are kept); ``closed``: routes whose gate refused a call, so a lane whose next call
-    goes through one of them is added to ``skip`` when the scan reaches it, before its visit
-    can end or earn credit. :meth:`Admitter.admit_next` uses both: a gate shared by every lane
-    that refuses leaves the rotation exactly as it was. (Moving each refused lane to the tail
-    instead hands the next open slot to whichever lane stood next and turns the weighted shares
-    into equal ones; letting lanes behind a refused one end their visits hands them quanta the
-    blocked lane does not get.)
+    ``skip``: lanes passed over where they stand (their place, credit and visit kept);
+    ``closed``: routes whose gate refused a call: a lane whose next call goes through one is
+    added to ``skip`` when the scan reaches it, before its visit can end or earn credit.
     """
+    if skip is not None and (skip or closed):
+        return _nominate_passing_over(state, skip, closed)
+    # The same loop as _nominate_passing_over's with nothing passed over, written out: it is
+    # the admission hot path, and a call per visit costs more than the rest of the visit.
     new, old = state.new, state.old
     lanes = state.lanes
     cap = state.credit_cap
     idle = 0  # visits in a row that earned no credit; a full cycle of them is a stall
     while True:
-        if skip:
-            index, rotation = _first_unskipped(state, skip)
-            if index < 0:
-                return None
-        elif new:
+        if new:
             rotation = new
-            index = new[0]
         elif old:
             rotation = old
-            index = old[0]
         else:
             return None
+        index = rotation[0]
         lane = lanes[index]
         if lane.queued:
-            if closed and skip is not None and _head_route(lane) in closed:
-                skip.add(index)
-                continue
             klass = 0 if len(lane.classes) == 1 else _class_head(lane, cap)
             if klass >= 0:
                 call = lane.classes[klass].queue[0]
@@ -161,25 +128,68 @@ def nominate(
             grant = before + lane.quantum
             lane.credit = grant if grant < cap else cap
             idle = 0 if lane.credit != before else idle + 1
-            if skip:
-                _leave(rotation, index)
-            else:
-                rotation.popleft()
+            rotation.popleft()
             old.append(index)
             lane.listed = OLD
         else:  # an emptied lane's placeholder reaches the head: it leaves the rotation
-            if skip:
-                _leave(rotation, index)
-            else:
-                rotation.popleft()
+            rotation.popleft()
             lane.listed = UNLISTED
-        # count the visit (inlined _count_visit: this loop is the admission hot path)
+        # count the visit (inlined _count_visit)
         state.round_left -= 1
         if state.round_left <= 0:
             state.rounds += 1
             state.round_left = len(new) + len(old)
         if idle > len(new) + len(old):
             return None
+
+
+def _nominate_passing_over(
+    state: DrrState, skip: set[int], closed: Collection[str]
+) -> Nomination | None:
+    """:func:`nominate` with ``skip`` and ``closed``: each visit as there, at the first lane
+    not skipped, which need not be the head of its list."""
+    cap = state.credit_cap
+    idle = 0
+    while True:
+        index, rotation = _first_unskipped(state, skip)
+        if index < 0:
+            return None
+        lane = state.lanes[index]
+        if lane.queued:
+            if closed and _head_route(lane) in closed:
+                skip.add(index)
+                continue
+            nomination = _offer(lane, index, cap)
+            if nomination is not None:
+                return nomination
+            idle = 0 if _end_visit(lane, cap) else idle + 1
+            _leave(rotation, index)
+            state.old.append(index)
+            lane.listed = OLD
+        else:
+            _leave(rotation, index)
+            lane.listed = UNLISTED
+        _count_visit(state)
+        if idle > len(state.new) + len(state.old):
+            return None
+
+
+def _offer(lane: TenantLane, index: int, cap: int) -> Nomination | None:
+    """The lane's next call if its credit covers it, else None (its visit is over)."""
+    klass = 0 if len(lane.classes) == 1 else _class_head(lane, cap)
+    if klass >= 0:
+        call = lane.classes[klass].queue[0]
+        if call.charge <= lane.credit:
+            return Nomination(index, klass, call)
+    return None
+
+
+def _end_visit(lane: TenantLane, cap: int) -> bool:
+    """Credit the lane's quantum for its next visit, up to ``cap``; False if it earned nothing."""
+    before = lane.credit
+    grant = before + lane.quantum
+    lane.credit = grant if grant < cap else cap
+    return lane.credit != before
 
 
 def _head_route(lane: TenantLane) -> str:

@@ -1,17 +1,10 @@
 """Fairness figures of the admitter: what each tenant got, how long it waited, how even it was.
 
 :class:`FairnessBook` is fed one :meth:`~FairnessBook.record` per admitted call (on the
-admission hot path, so it does O(1) work on plain lists) and produces a
-:class:`FairnessFigures` snapshot on demand for metrics and the CLI.
-
-Jain's index (Jain, Chiu and Hawe 1984) is computed over *weight-normalised* charge in a
-sliding time window that moves in steps of 1/60 of its length: for each counted tenant
-``x = charge admitted in the window / weight``, and ``J = (sum x)^2 / (n * sum x^2)``.
-J is 1 when every counted tenant got charge in proportion to its weight and falls toward
-1/n as one tenant takes everything. A tenant is counted if it was admitted in the window or
-has READY calls queued now, so a starved tenant counts as zero. The index is meaningful among
-tenants that want at least their share: a tenant that asks for less than its share lowers J
-without having been wronged.
+admission hot path: O(1) work on plain lists) and produces a :class:`FairnessFigures` snapshot
+on demand. Its Jain's index is over weight-normalised charge in a sliding window, counting every
+tenant admitted in the window or with calls queued now: 1 when each got charge in proportion to
+its weight, toward 1/n as one takes everything. Design: ``docs/adr/0002-fairness-figures.md``.
 """
 
 from __future__ import annotations

@@ -15,18 +15,12 @@ operation, so the layout also fits Redis Cluster):
 ``P:fleet:admissions``    list      one JSON entry per admission, for the fairness figures
 ``P:fleet:starts``        list      admission-to-start delays (ms) that workers report
 ``P:fleet:admitter``      string    the lease of the router that admits, while the admitter
-                                    is local to a router process (see :mod:`router.service`)
+                                    is local to a router process (see :mod:`router.chores`)
 ========================  ========  ==========================================================
 
-Contracts:
-
-* Every turn message a worker takes ends in exactly one notice (the worker pushes it even when
-  it ignores the message), so a router can release what it holds for the turn (a gate lease),
-  or in one hand-back: the message, unstarted, goes on to another member with its gate lease.
-* A notice is a hint, never the truth: a router re-reads the record before it acts on one, so
-  a duplicate or stale notice costs a load and changes nothing.
-* A cancel is best effort (pub/sub is fire and forget). Correctness never depends on it: the
-  kernel has already withdrawn the call's claim, so a reply that arrives anyway is quarantined.
+Every turn message a worker takes ends in exactly one notice or one hand-back. A notice is a
+hint, never the truth: a router re-reads the record before acting on it. A cancel is best
+effort. Design: ``docs/adr/0006-fleet-wire.md``.
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
 """Provider quota gates: requests and tokens per window, and concurrency as expiring leases.
 
-Seed 004 section 10.8.2: a nominated model call still has to pass its provider's quota before it
-is sent, and a call the gate refuses stays READY (backpressure, never a failure; the budget's
-wall-clock limit bounds how long). One gate per *route*, ``provider/model``, with three limits:
-
-* **requests per window** (``rpm``; the window is 60 s unless configured) and **tokens per
-  window** (``tpm``): a dispatch debits one request and its full input plus its output allowance
-  (cached input counts in full); settlement corrects the tokens to the usage the provider
-  reported. A debit counts from the moment it is made until one window *after its settlement*
-  (after its lease expiry while it is in flight). A provider counts a request from its arrival,
-  which comes after the debit and before the settlement, so whatever window arithmetic it uses
-  over arrivals, it never counts a request that the gate no longer counts: the gate is never
-  behind it, at the price of holding a little quota for the length of the call.
-* **concurrency**: a debit also takes a lease that expires ``lease_ttl_s`` after it was taken or
-  last renewed. The holder renews it while the call runs and releases it at settlement; a holder
-  that dies stops renewing and its capacity returns when the lease expires.
-
-Quota reservations here are not trajectory budgets: the kernel's ledger bounds what one
-trajectory may spend, the gate bounds what all of them together may ask of a provider.
-
-**Feedback** (:meth:`ProviderGates.observe`; headers read by :mod:`router.feedback`): a
-``retry-after`` pauses every debit on the route until it has passed; remaining-requests and
-remaining-tokens headers (OpenAI ``x-ratelimit-*``, Anthropic ``anthropic-ratelimit-*``) cap the
-headroom until their reset: each later debit must fit in what the provider said remains, and
-uses it up. Headers only ever lower the headroom below the configured limits, never raise it. A
-provider never sleeps on a retry while holding a slot: :meth:`ProviderGates.after_reply` settles
-(releasing the lease) and records the feedback in one step, and the trajectory waits READY like
-any other refused call.
-
-Two implementations with one contract: :class:`MemoryGates` (here; one process, the embedded
-runner, and the reference the tests hold the other to) and :class:`router.redis_gates.RedisGates`
-(Lua, shared by every router replica; the admitter's claim debits it in the same script).
+One gate per route (``provider/model``). A debit takes one request, the call's full input plus
+output allowance, and a concurrency lease; it counts against the window until one window after
+its settlement (lease expiry while in flight), and the holder renews the lease while the call
+runs. A call the gate refuses stays READY. Provider feedback (:meth:`ProviderGates.observe`)
+only ever narrows the headroom. :class:`ProviderGates` states the contract; :class:`MemoryGates`
+implements it in one process, :class:`router.redis_gates.RedisGates` for every router replica.
+Design: ``docs/adr/0004-provider-gates.md``.
 """
 
 from __future__ import annotations

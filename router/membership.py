@@ -1,10 +1,6 @@
 """Ring membership in Redis: workers register and heartbeat, operators drain and remove.
 
-Every router replica builds its ring from the same Redis state, so every replica builds the same
-ring (:mod:`router.ring` is deterministic), and each publishes what it built so an operator can
-see that they agree and know when a drain has taken effect everywhere.
-
-Keys (each begins with the key prefix; two keys, no multi-key operation, so Redis Cluster is fine):
+Keys (under the key prefix; two keys, no multi-key operation, so Redis Cluster is fine):
 
 ``<prefix>:ring:members``  one hash holding every member's entry:
     ``w:<name>``  weight; its presence is what "registered" means
@@ -13,22 +9,11 @@ Keys (each begins with the key prefix; two keys, no multi-key operation, so Redi
 ``<prefix>:ring:replicas`` one hash, replica id -> JSON report of the ring that replica built:
     its fingerprint, which members it places new work on, which it drains, when it published.
 
-Contracts:
-
-* A member whose heartbeat is older than ``heartbeat_timeout_s`` is *lapsed*: it stays
-  registered but is left out of the ring until it heartbeats again. A replica whose report is
-  older than the same timeout is not live and is ignored.
-* Heartbeat and drain write only while the member is registered (one Lua script, atomic), and
-  remove deletes the whole entry in one transaction, so a removed member never comes back with a
-  stale drain flag or heartbeat. Register keeps an existing drain flag: a drained worker that
-  restarts under the same name stays drained until it is removed.
-* A drain is *acknowledged* when at least one replica is live and no live replica's published
-  ring places new work on the member. A replica's ring is rebuilt from Redis, which already holds
-  the flag, so once acknowledged it stays so.
-* Bad input (bad name or weight, unknown member) raises a RingError subclass and writes nothing.
-
-Time comes from the injected ``clock``; by default Redis's own ``TIME``, so workers and replicas
-on machines with skewed clocks still agree on who has lapsed.
+A member whose heartbeat is older than ``heartbeat_timeout_s`` is lapsed (left out of the
+ring); a drain is acknowledged once no live replica's published ring places new work on the
+member. Heartbeat and drain write only while the member is registered; removal deletes the
+whole entry at once. Bad input raises a RingError subclass and writes nothing. Time is Redis's
+``TIME`` unless a clock is injected. Design: ``docs/adr/0007-ring-and-membership.md``.
 """
 
 from __future__ import annotations

@@ -1,44 +1,17 @@
-"""Crash recovery by reins's own reconciler: which member holds which turn, and what to do when
-its heartbeat lapses.
+"""Crash recovery: which member holds which turn, and recovering a lapsed member's turns.
 
-Celery alone waits for the broker's visibility timeout before it hands a dead worker's message
-to anyone (and may lose it outright). reins does not wait: the state of every turn is in the
-store, and the router knows where it sent each one.
-
-**Holdings** (:class:`Holdings`). When a router sends a turn message to a member's queue it
-first records the turn in that member's holdings (register before send); the worker that
-carries the turn out releases it right after it pushed the turn's notice. Keys (one hash tag,
-so the two-key scripts also run on Redis Cluster)::
+:class:`Holdings`: a router records each turn in its member's holdings before it sends the
+message; the worker releases it after pushing the turn's notice (a release names its version,
+so a late one never drops a newer holding). Keys (one hash tag for the two-key scripts)::
 
     {P:held}:m:<member>   hash   "<tenant>/<trajectory>" -> "<version>:<epoch>:<call id>"
-                                 (the record's version and epoch the message was sent at, and
-                                 its first command's call id)
     {P:held}:members      set    the members that hold (or held) turns
-    P:fleet:recoveries    list   one JSON entry per recovery: member, trajectory, seconds from
-                                 the member's last heartbeat to the recovery, router
+    P:fleet:recoveries    list   one JSON entry per recovery (member, trajectory, seconds from
+                                 the last heartbeat, router)
 
-A release deletes the field only if it still names the version the worker carried out, so a
-late release never drops a newer holding of the same trajectory.
-
-**The reconciler** (:class:`Reconciler`), on every router tick: for each holder whose heartbeat
-has lapsed (or that is no longer registered), *take* each holding (an atomic delete of exactly
-that value, so of two routers only one recovers a turn) and deliver the kernel's ``Recover`` to
-the trajectory by compare-and-set, reloading on a lost race, while the record is still in the
-turn that was sent: acting (CALLING_MODEL or WAITING_TOOL), in the turn that registered the
-sent call, at the control epoch it was sent under, at or past the version it was sent at.
-Otherwise the turn had moved on (its notice was pushed, its release was lost) and nothing is
-done, except that a record found READY is queued again: its member may have died between the
-READY commit and the notice, and a duplicate queue entry is refused. ``Recover`` keeps a
-maybe-sent model call's reservation and returns the turn to READY (requeued, so it is admitted
-to a live member); a maybe-sent write is resolved as its tool declares, its lookup sent to a
-live member. A message of the dead member that the broker redelivers later is stale by then
-and does nothing (:mod:`worker.turn`).
-
-A member is only reconciled once it is out of this router's ring (rebuilt just before, in the
-same tick), so a recovered turn is never placed on the dead member again; and while no live
-member is on the ring nothing is taken, since a recovery then could not be sent on.
-A router that dies between taking a holding and committing its ``Recover`` leaves that turn to
-the slow backstop, :class:`router.stranded.StrandedTurns`, which the reconciler also runs.
+:class:`Reconciler`, at each router tick: for every lapsed holder already out of the ring, take
+each holding (only one router wins it) and deliver ``Recover`` by compare-and-set while the
+record is still in the sent turn. Design: ``docs/adr/0008-turn-recovery.md``.
 """
 
 from __future__ import annotations
@@ -56,7 +29,7 @@ from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
 from kernel.states import LifecycleState
 from router.feed import TurnMessage
-from router.membership import Membership
+from router.membership import MemberRecord, Membership
 from router.ring import Ring
 from router.stranded import ACTING, StrandedTurns
 from router.submit import RouterApi
@@ -296,44 +269,14 @@ class Reconciler:
         if not holders:
             return []
         records = {r.name: r for r in self.membership.records()}
-        ring = self.ring()
-        on_ring = {m.name for m in ring.members}
-        # Lapsed (or gone) and already out of this router's ring, so a recovered turn is never
-        # placed on the dead member again; and some member must be left to take it.
-        dead = sorted(
-            m for m in holders if (m not in records or not records[m].live) and m not in on_ring
-        )
-        if not dead or not any(not m.draining for m in ring.members):
+        dead = self._dead(holders, records)
+        if not dead:
             return []
-        out: list[str] = []
         entries: list[dict[str, Any]] = []
         for member in dead:
-            held = self.holdings.held(member)
-            if not held:
-                if member not in records:
-                    self.holdings.forget(member)
-                continue
-            rec = records.get(member)
-            last_beat = rec.heartbeat_at if rec is not None else -math.inf
-            for h in held:
-                if not self.holdings.take(member, h):
-                    continue  # another router took it
-                if not self._recover(h):
-                    continue
-                since = self.holdings.redis_now() - last_beat
-                out.append(h.trajectory_id)
-                entries.append(
-                    {
-                        "member": member,
-                        "tenant": h.tenant,
-                        "trajectory_id": h.trajectory_id,
-                        "since_heartbeat_s": round(since, 3) if math.isfinite(since) else None,
-                        "by": self.by,
-                    }
-                )
-                if math.isfinite(since):
-                    self.figures.append(since)
+            entries += self._recover_member(member, records.get(member))
         self.holdings.record_recoveries(entries)
+        out = [e["trajectory_id"] for e in entries]
         self.recovered += len(out)
         if out:
             worst = max((e["since_heartbeat_s"] or 0.0) for e in entries)
@@ -344,6 +287,48 @@ class Reconciler:
                 worst,
             )
         return out
+
+    def _dead(self, holders: set[str], records: dict[str, MemberRecord]) -> list[str]:
+        """The holders to recover from: lapsed (or gone) and already out of this router's ring,
+        so a recovered turn is never placed on the dead member again; none while no member on
+        the ring takes new work, since a recovery could not be sent on."""
+        ring = self.ring()
+        on_ring = {m.name for m in ring.members}
+        dead = sorted(
+            m for m in holders if (m not in records or not records[m].live) and m not in on_ring
+        )
+        if not dead or not any(not m.draining for m in ring.members):
+            return []
+        return dead
+
+    def _recover_member(self, member: str, rec: MemberRecord | None) -> list[dict[str, Any]]:
+        """Take and recover each turn ``member`` holds; its recovery entries. A member that
+        holds nothing and is no longer registered (``rec`` None) is forgotten."""
+        held = self.holdings.held(member)
+        if not held:
+            if rec is None:
+                self.holdings.forget(member)
+            return []
+        last_beat = rec.heartbeat_at if rec is not None else -math.inf
+        entries: list[dict[str, Any]] = []
+        for h in held:
+            if not self.holdings.take(member, h):
+                continue  # another router took it
+            if not self._recover(h):
+                continue
+            since = self.holdings.redis_now() - last_beat
+            entries.append(
+                {
+                    "member": member,
+                    "tenant": h.tenant,
+                    "trajectory_id": h.trajectory_id,
+                    "since_heartbeat_s": round(since, 3) if math.isfinite(since) else None,
+                    "by": self.by,
+                }
+            )
+            if math.isfinite(since):
+                self.figures.append(since)
+        return entries
 
     def _recover(self, h: Held) -> bool:
         """``Recover`` by compare-and-set while the record is still in the sent turn."""

@@ -1,18 +1,10 @@
 """The provider gates in Redis, shared by every router replica; and how the admitter runs Lua.
 
 Every key lives under the admitter's hash tag ``{P:adm}`` (layout in ``lua/state.lua`` and
-``lua/gates.lua``), so that the admitter's claim can debit a gate in the same script that picks
-the call: the pick and the debit are one atomic step, and two replicas never spend the same
-unit of quota. Each operation here is one ``EVALSHA`` of ``lua/gate.lua``.
-
-Time: by default the scripts read the Redis server's ``TIME``, one clock for every replica, so
-no replica's skew widens or narrows a window. Tests inject a clock; its value is then sent with
-each call instead.
-
-Lost replies: an operation whose reply is lost is retried within bounded attempts when it is
-idempotent (``renew``, ``settle``, ``release``, ``observe``, ``read``: doing it twice is doing it
-once; a ``debit`` under the same lease id is not counted twice either). The admitter's claim is
-not retried blindly: a claim that landed without its reply is reaped by the reconciler.
+``lua/gates.lua``), so the admitter's claim debits a gate in the same script that picks the
+call. Each operation here is one ``EVALSHA`` of ``lua/gate.lua``, on the Redis server's clock
+unless one is injected, and is retried after a lost reply: each is idempotent (a debit under
+the same lease id counts once). Design: ``docs/adr/0004-provider-gates.md``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
-"""The consistent-hash ring that places trajectories on workers (seed 001, section 6).
+"""The consistent-hash ring that places trajectories on workers.
 
-Pure data, no I/O. Keys and points live on one circle of 64-bit positions, hashed with xxh64
-(seed 0) so every process on every machine computes the same placement; Python's salted
-``hash()`` is never used. A key belongs to the first point at or clockwise after its position.
-
-Contracts the rest of reins relies on:
-
-* **Virtual nodes and weights.** A member of weight ``w`` owns ``max(1, round(w * P))`` points,
-  where ``P`` is ``points_per_weight``; point ``i`` of member ``m`` sits at ``xxh64("m#i")``.
-  Points depend only on the member's own name and index, so the ring is the same whatever order
-  members arrive in, and a weight change adds or drops points at the tail of that member's list.
-* **Movement.** Adding a member moves only the keys that now land on it; removing one moves only
-  its keys, each to the owner of the next point clockwise. Nothing moves between other members.
-* **Drain.** A draining member keeps its points but takes no new placements: a lookup that lands
-  on one of its points walks clockwise to the next member that is not draining (the walk is
-  worked out when the ring is built, so lookups do not pay for it). Placement with a member
-  draining is therefore the placement it will have once that member is removed.
-* **Bad input** (duplicate or unknown member, bad name, weight that is not positive, lookup with
-  no member able to take work) raises a :class:`~kernel.errors.RingError` subclass naming the
-  problem, and leaves the ring exactly as it was: every change builds the new layout first and
-  swaps it in only when it is complete.
-* **Threads.** Lookups may run in many threads at once, but a ring must not be changed while
-  another thread looks up; a router replica builds a new ring and swaps the reference instead
-  (:class:`router.membership.ReplicaRing`).
-
-Lookup is a bucket index over the sorted points: the top bits of a key's position select a
-bucket; most buckets hold no point, so their owner is stored directly and the lookup is one list
-index. The rest keep a slice of the sorted points to bisect. This keeps a lookup near the cost of
-hashing the key even at thousands of points per member, which the balance target needs (see
-``ops/bench/ring.py`` for the measurement behind the defaults).
+Pure data, no I/O, and deterministic: positions are xxh64 (seed 0) of the key and of each
+member's points, so every process computes the same placement. A member of weight ``w`` owns
+``max(1, round(w * points_per_weight))`` points; adding or removing a member moves only the keys
+it gains or loses. A draining member takes no new placements (its keys go to the next member
+clockwise). A bad change raises a :class:`~kernel.errors.RingError` subclass and leaves the ring
+as it was. Lookups may run in many threads; a ring is never changed under them (build a new one
+and swap the reference). Design: ``docs/adr/0007-ring-and-membership.md``.
 """
 
 from __future__ import annotations

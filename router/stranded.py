@@ -1,20 +1,11 @@
 """Stranded turns: a trajectory left mid-turn with no worker carrying it on, recovered.
 
-A worker that dies mid-turn leaves its record in CALLING_MODEL or WAITING_TOOL. Usually its
-Celery message comes back (late acknowledgement, restored after the visibility timeout, marked
-redelivered) and the worker that takes it recovers the turn from the record (:mod:`worker.turn`).
-But Celery can also lose a message outright (a worker killed between taking a message and
-marking it unacknowledged), and then nothing would ever touch the record again.
-
-:class:`StrandedTurns` is the router's slow backstop, run by the reconciler
-(:mod:`router.reconcile`, which recovers a lapsed member's held turns within seconds) after
-its own pass, for turns no holding names: each sweep lists the acting trajectories of every
-tenant from the state index (cheap), remembers when it first saw each one at which version,
-and delivers the kernel's ``Recover`` to those still at the same version after ``after_s``,
-which must be longer than the longest turn (twice the visibility timeout by default).
-Recovery is a compare-and-set on that very version, so a turn that was merely slow and moved
-on meanwhile is left alone, two routers sweeping at once recover a turn once, and a late
-message for a recovered turn is stale and does nothing.
+:class:`StrandedTurns` is the router's slow backstop, run by the reconciler after its own pass
+(:mod:`router.reconcile`), for turns no holding names. Each sweep lists the acting trajectories
+of every tenant, remembers when it first saw each at which version, and delivers ``Recover`` to
+those still at that version after ``after_s`` (longer than the longest turn), by compare-and-set
+on that version: a slow turn that moved on is left alone, and two routers recover a turn once.
+Design: ``docs/adr/0008-turn-recovery.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """What a router offers its callers: submit a job, request control, decide an approval.
 
-The HTTP API and its credentials come later; for now these are functions of the router that a
-trusted caller (the API layer, the CLI, a test) calls with the tenant it authenticated. The
-tenant is an argument, never a field of the job: a job body that names one is refused.
-
-Contracts:
-
-* **Bad input changes nothing.** :meth:`RouterApi.submit` validates everything it can before it
-  writes (the job's shape, the tenant, the agent, the budget against the tenant's maxima, the
-  first call against the tenant's largest call, the tenant's READY backlog) and refuses with a
-  :class:`~kernel.errors.InvalidInput` naming the problem. A control request or a decision the
-  kernel refuses raises its error and leaves the record as it was.
-* **A new job** is one record at version 1 in READY, created by compare-and-set from nothing,
-  then put in its tenant's queue (the shared admitter's, or the ready feed for a router whose
-  admitter is its own).
-* **Events reach the kernel wherever the turn runs.** :meth:`RouterApi.deliver` steps the event
-  on the stored record and commits it by compare-and-set, reloading and stepping again when a
-  worker's commit landed first, then carries out what the step asked: a ``CancelCall`` is
-  published on the cancel channel so the worker holding the stream stops it at once; an
-  ``Enqueue`` requeues; a tool dispatch an approval admitted is sent to the ring's member as a
-  turn message, registered before it is sent.
+Functions a trusted caller (an API layer, the CLI, a test) calls with the tenant it
+authenticated; a job body that names a tenant is refused. Bad input changes nothing:
+:meth:`RouterApi.submit` validates before it writes and refuses with a
+:class:`~kernel.errors.InvalidInput`; a new job is one READY record at version 1, created by
+compare-and-set, then queued. :meth:`RouterApi.deliver` steps an event on the stored record,
+commits it by compare-and-set (stepping again after a lost race) and carries out what the step
+asked; a request the kernel refuses raises its error and leaves the record as it was.
+Design: ``docs/adr/0011-router-api.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """Tenant configuration: who shares the model service, by what weight, within what limits.
 
-One typed object, :class:`AdmissionConfig`, read from a TOML or JSON file (an API comes later).
-It is validated once, at the edge: after :meth:`AdmissionConfig.from_file` or
-:meth:`AdmissionConfig.from_mapping` returns, every weight is positive, every name is unique,
-and the credit cap covers every tenant's largest call. Anything else is refused with a
-:class:`~kernel.errors.ConfigError` that names the tenant and the field.
-
-A file looks like this (TOML)::
+:class:`AdmissionConfig` is read from a TOML or JSON file and validated once, at the edge: once
+``from_file`` or ``from_mapping`` returns, every weight is positive, every name is unique and
+the credit cap covers every tenant's largest call; anything else is a
+:class:`~kernel.errors.ConfigError` naming the tenant and the field. Weights are relative shares
+of the admitted charge (input tokens plus output allowance); classes split their tenant's share
+the same way. Design: ``docs/adr/0001-weighted-drr-admission.md``. A file (TOML)::
 
     quantum_tokens = 8000          # charge credited per unit of weight per round
     credit_cap_tokens = 64000      # the most credit a tenant or class may carry
-
     [[tenants]]
     name = "acme"
     weight = 3
@@ -18,11 +16,6 @@ A file looks like this (TOML)::
     largest_call_tokens = 42000    # largest input + output allowance of one call
     budget_max = { steps = 40, tokens = 1500000, dollars = "5.00" }
     classes = [ { name = "interactive", weight = 3 }, { name = "maintenance", weight = 1 } ]
-
-Weights are relative: a tenant's long-run share of the admitted charge, while it stays
-backlogged, is its weight over the sum of the backlogged tenants' weights. Classes split their
-tenant's share the same way. The charge of a call is its full input tokens plus its output
-allowance (seed 004, section 10.8.1).
 """
 
 from __future__ import annotations
@@ -45,7 +38,7 @@ DEFAULT_CLASS = "default"
 #: The budget dimensions a tenant can bound; the same names a job's budget uses.
 BUDGET_DIMENSIONS = ("steps", "tool_calls", "tokens", "dollars")
 
-# Names end up in Redis keys and metric labels (issue 9), so keep them plain.
+# Names end up in Redis keys and metric labels, so keep them plain.
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 #: Default admission-wait histogram bounds in seconds (Prometheus ``le`` semantics).
@@ -106,14 +99,8 @@ class AdmissionConfig(_Frozen):
 
     Invariant after validation: ``credit_cap_tokens >= largest_call_tokens`` of every tenant,
     because a call larger than the most credit its tenant can hold would never be admitted.
-    For exact long-run shares the cap should also leave room for one quantum on top of the
-    largest carry (``largest call + quantum``); a lower cap clips carried credit and costs the
-    tenant part of its share, which is allowed but visible in the fairness figures.
-
-    Choosing the quantum: near one or two typical calls. A quantum far below the calls makes a
-    nomination rotate many times before a lane has gathered enough credit; one far above them
-    makes each visit long, and everyone else waits behind it (seed 004's exercises use 8,000
-    and 10,000 per unit weight).
+    A cap below ``largest call + quantum`` clips carried credit (visible in the fairness
+    figures). Choosing both: ``docs/adr/0001-weighted-drr-admission.md``.
     """
 
     quantum_tokens: int = Field(ge=1, description="charge credited per unit weight per round")

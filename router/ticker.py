@@ -1,21 +1,11 @@
 """Time for the trajectories no event wakes: the router delivers the kernel's ``Tick``.
 
-A trajectory that waits (PAUSED, AWAITING_APPROVAL, or WAITING_TOOL on a long job) changes only
-when an event reaches it, and the passing of time is not an event unless something delivers
-it. The kernel's ``Tick`` (``kernel.control.on_tick``) ends a run past its wall-clock limit,
-expires an approval past its time to live, and acts on a tool wait's deadline. Turns in flight
-need no tick: every event a worker delivers carries the time.
-
-:class:`Ticker`, run at the router's tick, lists the waiting trajectories of every tenant from
-the state index every ``every_s`` seconds and delivers ``Tick`` to a window of at most
-``batch`` of them (the window rotates, so a long list is covered in turn). Delivery goes
-through :meth:`router.submit.RouterApi.deliver`: a load, the kernel's step, and a
-compare-and-set only when the step changed the record, so a tick with nothing due writes
-nothing, two routers ticking at once change a record once, and what the step asks for (a
-stop's notice, a dispatch) is carried out as for any event.
-
-The cost is one load per waiting trajectory per visit; a deadline index kept by the store
-would make it one read per tick, and is the next step if fleets hold many thousands waiting.
+:class:`Ticker`, run at the router's tick, lists the waiting trajectories (PAUSED,
+AWAITING_APPROVAL, WAITING_TOOL) of every tenant every ``every_s`` seconds and delivers ``Tick``
+to a rotating window of at most ``batch`` of them through :meth:`router.submit.RouterApi.deliver`,
+so wall-clock limits, approval expiry and tool deadlines take effect. A tick that changes nothing
+writes nothing; two routers ticking at once change a record once.
+Design: ``docs/adr/0010-ticks-for-waiting-trajectories.md``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The store's seams: snapshot store, execution chain, idempotency ledger, and their contracts.
 
 Every backend (Redis for the fleet, SQLite embedded, in-memory for tests) subclasses
-:class:`TrajectoryStore` and implements the few abstract methods below; the contract suite in
-``tests/contract`` runs the same tests against each of them.
-
-A write goes through two steps. :func:`prepare_commit` checks the caller's input and serialises
-it (pure; refusing bad input before anything is touched); the backend's :meth:`apply
-<SnapshotStore.apply>` then carries out the prepared :class:`Commit` as one atomic step. Keeping
-serialisation out of ``apply`` lets the benchmark time the two apart.
-
-Every commit carries a commit id. A backend stores the id of each version it commits, and a
-commit whose id is already stored at its target version is a repeat: it reports success and
-writes nothing. That is what makes a retry after a lost reply safe (the retry can neither
-apply twice nor be mistaken for a lost race).
+:class:`TrajectoryStore`; the contract suite in ``tests/contract`` runs against each. A write is
+:func:`prepare_commit` (pure: checks and serialises, refusing bad input before anything is
+touched) then the backend's atomic :meth:`~SnapshotStore.apply`. A commit whose id is already
+stored at its target version is a repeat: it reports success and writes nothing, so a retry
+after a lost reply is safe. Design: ``docs/adr/0013-store-seams.md``.
 """
 
 from __future__ import annotations
@@ -180,30 +173,13 @@ def decode_snapshot(
         record = TrajectoryRecord.from_json(data)
     except UnsupportedSchema as exc:
         raw = json.loads(data)  # from_json parsed it, so this cannot fail
-        if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
+        if not _has_schema_version(raw):
             raise CorruptSnapshot(f"{where}: stored snapshot has no schema_version") from None
-        detail = str(exc).split(": ", 1)[-1]
-        raise UnsupportedSchema(f"{where}: {detail}; the snapshot is left as is") from None
+        raise _unsupported(where, exc) from None
     except (ValidationError, ValueError):
         record = None  # say precisely what is wrong, below
     if record is None:
-        try:
-            raw = json.loads(data)
-        except ValueError as exc:
-            raise CorruptSnapshot(f"{where}: stored snapshot is not JSON ({exc})") from None
-        if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
-            raise CorruptSnapshot(f"{where}: stored snapshot has no schema_version")
-    try:
-        record = record or TrajectoryRecord.from_json(data)
-    except UnsupportedSchema as exc:
-        detail = str(exc).split(": ", 1)[-1]
-        raise UnsupportedSchema(f"{where}: {detail}; the snapshot is left as is") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise CorruptSnapshot(
-            f"{where}: stored snapshot does not validate ({field}: {first['msg']})"
-        ) from None
+        record = _parse_or_explain(where, data)
     if (record.tenant, record.trajectory_id) != (tenant, trajectory_id):
         raise CorruptSnapshot(
             f"{where}: stored snapshot names trajectory {record.trajectory_id} "
@@ -214,6 +190,36 @@ def decode_snapshot(
             f"{where}: stored at version {version} but the snapshot says {record.record_version}"
         )
     return record
+
+
+def _parse_or_explain(where: str, data: bytes | str) -> TrajectoryRecord:
+    """Parse a snapshot that did not validate at the first try, raising the error that says
+    precisely what is wrong with it."""
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise CorruptSnapshot(f"{where}: stored snapshot is not JSON ({exc})") from None
+    if not _has_schema_version(raw):
+        raise CorruptSnapshot(f"{where}: stored snapshot has no schema_version")
+    try:
+        return TrajectoryRecord.from_json(data)
+    except UnsupportedSchema as exc:
+        raise _unsupported(where, exc) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise CorruptSnapshot(
+            f"{where}: stored snapshot does not validate ({field}: {first['msg']})"
+        ) from None
+
+
+def _has_schema_version(raw: object) -> bool:
+    return isinstance(raw, dict) and isinstance(raw.get("schema_version"), int)
+
+
+def _unsupported(where: str, exc: UnsupportedSchema) -> UnsupportedSchema:
+    detail = str(exc).split(": ", 1)[-1]
+    return UnsupportedSchema(f"{where}: {detail}; the snapshot is left as is")
 
 
 def decode_row(trajectory_id: str, data: bytes | str) -> ChainRow:

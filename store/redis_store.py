@@ -1,12 +1,8 @@
-"""The Redis backend: the fleet's store (redis-py with hiredis).
+"""The Redis backend: the fleet's store (redis-py with hiredis), on one Redis node.
 
-Key layout
-----------
-``P`` is the key prefix (``REINS_KEY_PREFIX``); ``T``, ``I`` and ``K`` are the tenant, the
-trajectory id and an idempotency key, each percent-encoded (everything but ``A-Z a-z 0-9 _ . -
-~`` becomes ``%XX``), so no id can contain ``:``, ``{`` or ``}`` and the layout is injective:
-tenant ``a:b`` with trajectory ``c`` and tenant ``a`` with trajectory ``b:c`` never share a key.
-Every key starts with ``{P:T`` and so is scoped by tenant.
+``P`` is the key prefix; ``T``, ``I`` and ``K`` are the tenant, the trajectory id and an
+idempotency key, each percent-encoded (all but ``A-Z a-z 0-9 _ . - ~``), so the layout is
+injective and every key is scoped by tenant:
 
 ==========================  =====  ============================================================
 ``{P:T:I}:snap``            hash   ``v`` (version), ``s`` (state code, :data:`STATE_CODES`),
@@ -18,35 +14,10 @@ Every key starts with ``{P:T`` and so is scoped by tenant.
 ``{P:T:K}:idem``            string the idempotency ledger's stored result (JSON)
 ==========================  =====  ============================================================
 
-One commit is one ``EVALSHA`` of ``lua/cas.lua`` (loaded again with ``SCRIPT LOAD`` on
-``NOSCRIPT``): version check, snapshot, commit id, chain append and index move, atomically.
-The commit ids live in the snapshot's own hash so that the script's one ``HMGET`` reads the
-version, the state and the commit id of the target version together (the hot path is three
-commands inside the script: ``HMGET``, ``ZADD`` when the state changes, ``HSET``).
-
-Redis Cluster
--------------
-The keys of a trajectory share the hash tag ``{P:T:I}`` and so one slot; the tenant's
-index has its own tag ``{P:T}`` and in general another slot. The one-script update of all three
-keys therefore needs one node: a standalone Redis, or a primary with replicas under Sentinel.
-That is what this class does, and what the contract suite tests. On Redis Cluster the script
-would be refused with ``CROSSSLOT``; the plan there (not built yet) is to keep the snapshot as
-the single source of truth and treat the index as derived: commit the trajectory's own keys in
-one script, then update the index in its own slot with a version-guarded write, and repair any
-gap left by a crash between the two with :meth:`RedisStore.rebuild_index`, which rebuilds a
-tenant's index from the snapshots alone. Nothing correct depends on the index: a load reads the
-snapshot, and every decision is a compare-and-set on the snapshot's version.
-
-Retries and lost replies
-------------------------
-The client is built with redis-py's own retries off; this class retries transient connection
-errors itself with tenacity, at most ``REINS_REDIS_RETRY_ATTEMPTS`` times. A read is simply
-repeated. A commit whose reply was lost is resolved by reading back: if the commit id stored
-at the target version is this commit's, it was applied (reported as success, not a conflict);
-if the version moved on without it, it lost; if nothing changed, the script is sent again,
-which is safe because the script itself treats a commit id already stored at that version as a
-repeat and writes nothing. A commit still unresolved when the attempts run out raises
-:class:`StoreUnavailable` naming its commit id, for :meth:`committed` to settle later.
+A commit is one ``EVALSHA`` of ``lua/cas.lua`` over three keys in two slots, so it needs one
+node (standalone or Sentinel), not Cluster. Transient errors are retried; a commit whose reply
+was lost is resolved by reading its commit id back, and one still unresolved raises
+:class:`StoreUnavailable` naming its commit id. Design: ``docs/adr/0014-redis-store.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The SQLite backend: the embedded default, one file (``./.reins/reins.db`` unless configured).
 
-Layout, every table keyed by tenant first so no query can cross tenants:
-
-- ``snapshots(tenant, trajectory_id, version, state, data)``: one row per trajectory; the
-  tenant/state index is the SQL index ``snapshots_by_state`` on ``(tenant, state,
-  trajectory_id)``, so it changes in the very statement that changes the snapshot;
-- ``commits(tenant, trajectory_id, version, commit_id)``: the commit id of every version;
-- ``chain(tenant, trajectory_id, idx, data)``: execution chain rows, append-only;
-- ``idempotency(tenant, key, result)``: the ledger, first write wins.
-
-A commit is one ``BEGIN IMMEDIATE`` transaction: ``UPDATE snapshots ... WHERE version = ?``
-(an ``INSERT`` for a create), the chain rows and the commit id, then ``COMMIT``; anything short
-of success rolls back. Concurrency: the WAL journal lets readers run beside the one writer;
-``BEGIN IMMEDIATE`` takes the write lock up front, so two writers queue on the busy timeout
-instead of failing mid-transaction; each thread gets its own connection, and separate
-processes on one machine share the file safely (open the store after a fork, not before).
-``synchronous=FULL``: an acknowledged commit survives a power cut, not only a process crash.
+Tables, each keyed by tenant first: ``snapshots(tenant, trajectory_id, version, state, data)``
+(its index ``snapshots_by_state`` is the tenant/state index), ``commits(tenant, trajectory_id,
+version, commit_id)``, ``chain(tenant, trajectory_id, idx, data)`` and ``idempotency(tenant,
+key, result)``. A commit is one ``BEGIN IMMEDIATE`` transaction (WAL, ``synchronous=FULL``);
+anything short of success rolls back. Each thread gets its own connection; processes may share
+the file if each opens the store after forking. Design: ``docs/adr/0015-sqlite-store.md``.
 """
 
 from __future__ import annotations

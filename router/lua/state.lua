@@ -1,10 +1,10 @@
 -- state.lua: the admitter's state in Redis, its keys, and the helpers every admitter script uses.
 --
--- A library, not a script: router/redis_admitter.py puts it first in every admitter and gate
--- script (then pick.lua, queue.lua or gates.lua as each needs); each gets KEYS[1] = B..':st'.
--- Every other key is derived from B = "{<prefix>:adm}", so all of them carry the same hash tag
--- and live in KEYS[1]'s slot (one slot is the price of an atomic pick; Redis Cluster runs these
--- scripts on that node). The policy is router/drr.py's, the state its DrrState:
+-- A library, not a script: the admitter (router/redis_state.py) and the gates put it first in
+-- every script they run (then pick.lua, queue.lua or gates.lua as each needs); each gets
+-- KEYS[1] = B..':st'. Every other key is derived from B = "{<prefix>:adm}", so all of them carry
+-- the same hash tag and live in KEYS[1]'s slot (one slot is the price of an atomic pick; Redis
+-- Cluster runs these scripts on that node). The policy is router/drr.py's, the state its DrrState:
 --
 --   B:st       hash  cap (credit cap), n (lanes), cfg (config fingerprint), rounds, left (visits
 --                    left in the round), seq (claim counter); per lane i: c:i credit, q:i queued,

@@ -1,0 +1,243 @@
+"""Booting a router process: its options, and the parts wired from its settings and files.
+
+Nothing here runs a loop or starts a thread: :meth:`RouterParts.wire` connects (one Redis
+client for the store, a broker connection unless a sender is given), reads the tenant and gate
+configurations, and builds the parts :class:`router.service.RouterService` runs.
+:class:`Admission` builds a dispatcher over a fresh admitter of the configured kind, at boot
+and again whenever a local admitter's lease changes hands (:mod:`router.chores`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from kernel.errors import ConfigError
+from kernel.settings import Settings
+from router.admitter import Admitter
+from router.agents import AgentCache
+from router.broker import TaskPublisher, make_app
+from router.dispatch import Dispatcher, Sender
+from router.feed import Feed
+from router.fifo import FifoAdmitter
+from router.gates import GateConfig, MemoryGates
+from router.membership import Membership, ReplicaRing
+from router.observe import RouterObserver
+from router.reconcile import Holdings
+from router.redis_admitter import RedisAdmitter
+from router.redis_gates import RedisGates
+from router.tenants import AdmissionConfig
+from store.redis_client import client_from_url
+from store.redis_store import RedisStore
+
+
+class AdmitterKind(StrEnum):
+    """Which admitter a router runs."""
+
+    REDIS = "redis"  # shared by every router (weighted DRR, gates in Redis)
+    DRR = "drr"  # weighted DRR in this process; one router admits at a time
+    FIFO = "fifo"  # first come, first served in this process (the fairness peer)
+
+
+@dataclass
+class RouterOptions:
+    """What ``reins router`` is told beyond the settings."""
+
+    name: str
+    tenants_file: str
+    gates_file: str = ""
+    admitter: AdmitterKind = AdmitterKind.REDIS
+    claim_ttl_s: float = 30.0
+    batch: int = 256
+
+
+def load_gate_config(path: str) -> GateConfig | None:
+    """The gate configuration in ``path`` (.toml or .json), or None when no file is named."""
+    if not path:
+        return None
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+        data = tomllib.loads(raw) if p.suffix == ".toml" else json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"gate configuration {p}: {exc}") from None
+    return GateConfig.from_mapping(data)
+
+
+@dataclass
+class Outbox:
+    """How a router's turn messages leave: each one's holding is registered before it is sent.
+
+    ``turn`` sends an admitted turn; through the broker it is buffered until :meth:`flush`.
+    ``now`` sends at once (the router API's sends, outside the cycle).
+    """
+
+    turn: Sender
+    now: Sender
+    holdings: Holdings
+    publisher: TaskPublisher | None = None
+
+    @classmethod
+    def wire(cls, settings: Settings, holdings: Holdings, sender: Sender | None) -> Outbox:
+        """Through the broker of ``settings``, or through ``sender`` (tests, in process)."""
+        if sender is not None:
+            send = holdings.sending(sender)
+            return cls(send, send, holdings)
+        broker = redis.Redis.from_url(settings.broker_url, retry=Retry(NoBackoff(), 0))
+        publisher = TaskPublisher(make_app(settings), broker, settings)
+        turn = holdings.buffering(publisher.turn)  # flushed before the publisher
+        return cls(turn, holdings.sending(publisher.send), holdings, publisher)
+
+    def flush(self) -> None:
+        """Register before send: the buffered holdings first, then the buffered messages."""
+        self.holdings.flush()
+        if self.publisher is not None:
+            self.publisher.flush()
+
+
+@dataclass
+class Admission:
+    """Builds a dispatcher over a fresh admitter of the configured kind (and fresh gates)."""
+
+    name: str
+    settings: Settings
+    options: RouterOptions
+    client: redis.Redis
+    config: AdmissionConfig
+    gate_config: GateConfig | None
+    feed: Feed
+    agents: AgentCache
+    replica: ReplicaRing
+    sender: Sender
+    observer: RouterObserver
+
+    @property
+    def shared(self) -> bool:
+        """True for the admitter every router shares (in Redis)."""
+        return self.options.admitter is AdmitterKind.REDIS
+
+    def dispatcher(self, store: RedisStore) -> Dispatcher:
+        """A dispatcher over ``store`` and a fresh admitter (and, when local, fresh gates)."""
+        prefix, gate_config = self.settings.key_prefix, self.gate_config
+        if self.shared:
+            gates = RedisGates(self.client, gate_config or GateConfig(routes={}), prefix=prefix)
+            gates.configure()
+            redis_admitter = RedisAdmitter(
+                self.client,
+                self.config,
+                prefix=prefix,
+                gates=gates,
+                claim_ttl_s=self.options.claim_ttl_s,
+            )
+            return self._with(store, redis_admitter, gates, None)
+        local_gates = MemoryGates(gate_config, time.time) if gate_config else None
+        if self.options.admitter is AdmitterKind.FIFO:
+            fifo = FifoAdmitter(self.config, time.time)
+            return self._with(store, fifo, local_gates, fifo.depths)
+        drr = Admitter(self.config, time.time)
+
+        def depths() -> list[int]:
+            return [lane.queued for lane in drr.state.lanes]
+
+        return self._with(store, drr, local_gates, depths)
+
+    def _with(self, store: RedisStore, admitter: Any, gates: Any, depths: Any) -> Dispatcher:
+        return Dispatcher(
+            name=self.name,
+            store=store,
+            admitter=admitter,
+            feed=self.feed,
+            agents=self.agents,
+            ring=lambda: self.replica.ring,
+            sender=self.sender,
+            gates=gates,
+            gate_config=self.gate_config,
+            shared=self.shared,
+            depths=depths,
+            observer=self.observer,
+            chain_turns=self.settings.chain_turns,
+        )
+
+
+@dataclass
+class RouterParts:
+    """What a router process runs on, wired from its settings; nothing is running yet."""
+
+    client: redis.Redis
+    store: RedisStore
+    feed: Feed
+    membership: Membership
+    replica: ReplicaRing
+    config: AdmissionConfig
+    gate_config: GateConfig | None
+    agents: AgentCache
+    holdings: Holdings
+    outbox: Outbox
+    admission: Admission
+
+    @classmethod
+    def wire(
+        cls,
+        settings: Settings,
+        options: RouterOptions,
+        *,
+        client: redis.Redis | None,
+        sender: Sender | None,
+        observer: RouterObserver,
+    ) -> RouterParts:
+        """Connect and read the configuration; raises :class:`ConfigError` naming what is wrong.
+
+        ``client`` replaces the store's client from ``REINS_REDIS_URL``; ``sender`` replaces
+        the broker (no broker connection is made then).
+        """
+        client = client if client is not None else client_from_url(settings.redis_url)
+        prefix = settings.key_prefix
+        store = RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts)
+        feed = Feed(client, prefix)
+        membership = Membership(client, prefix, heartbeat_timeout_s=settings.heartbeat_timeout_s)
+        replica = ReplicaRing(membership, options.name)
+        if not options.tenants_file:
+            raise ConfigError(
+                "REINS_TENANTS_FILE (or --tenants) must name the tenant configuration"
+            )
+        config = AdmissionConfig.from_file(options.tenants_file)
+        observer.on_config(config)
+        gate_config = load_gate_config(options.gates_file)
+        agents = AgentCache()
+        holdings = Holdings(client, prefix)
+        outbox = Outbox.wire(settings, holdings, sender)
+        admission = Admission(
+            options.name,
+            settings,
+            options,
+            client,
+            config,
+            gate_config,
+            feed,
+            agents,
+            replica,
+            outbox.turn,
+            observer,
+        )
+        return cls(
+            client,
+            store,
+            feed,
+            membership,
+            replica,
+            config,
+            gate_config,
+            agents,
+            holdings,
+            outbox,
+            admission,
+        )

@@ -1,0 +1,174 @@
+"""The chores of a router's tick, beside the recovery passes and the ticker.
+
+:class:`HandBackRelay` sends turns members gave back unstarted on to another member;
+:func:`reconcile_claims` resolves the shared admitter's lapsed claims; :class:`AdmitterLease`
+lets one router at a time admit while admitters are local to router processes (the others
+stand by and take over by rebuilding the queues from the store, :func:`rebuild_queues`);
+:class:`FleetReport` tells the observer the membership and the admission figures. The order
+they run in is :meth:`router.service.RouterService.tick`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from kernel.errors import EmptyRing, ReinsError
+from kernel.states import LifecycleState
+from router.agents import AgentCache
+from router.boot import Outbox
+from router.claims import store_readiness
+from router.dispatch import Dispatcher, placement_key
+from router.fairness import FairnessFigures
+from router.feed import Feed, HandBackWhy, ready_notice, route_of
+from router.membership import Membership, ReplicaRing
+from router.observe import RouterObserver
+from store.base import TrajectoryStore
+
+log = logging.getLogger("reins.router")
+_LEASE = Path(__file__).with_name("admit_lease.lua")
+HELD_APPROVALS_EVERY_S = 15.0  # held approvals are counted from the store's index this often
+
+
+@dataclass
+class HandBackRelay:
+    """Sends the turns members handed back unstarted on to another member of the ring."""
+
+    feed: Feed
+    replica: ReplicaRing
+    outbox: Outbox
+    batch: int
+
+    def send_on(self) -> int:
+        """Send up to ``batch`` handed-back turns on, under the same call ids and gate lease;
+        returns how many went. One that no member on the ring may take now waits for the next
+        tick (with its refusals forgotten: the fleet may have changed)."""
+        entries = self.feed.take_handbacks(self.batch)
+        if not entries:
+            return 0
+        ring, waiting, sent = self.replica.ring, [], 0
+        for back in entries:
+            msg = back.message
+            exclude = frozenset(msg.refused_by)
+            if back.why is HandBackWhy.DRAINING:
+                exclude |= {back.member}
+            try:
+                member = ring.lookup_excluding(
+                    placement_key(msg.tenant, msg.trajectory_id), exclude
+                )
+            except EmptyRing as exc:
+                log.warning(
+                    "turn of %s handed back by %s waits: %s", msg.trajectory_id, back.member, exc
+                )
+                waiting.append(replace(back, message=replace(msg, refused_by=())))
+                continue
+            self.outbox.turn(member, msg.to_payload())
+            sent += 1
+            log.info(
+                "turn of %s (v%d) handed back by %s (%s) sent on to %s",
+                msg.trajectory_id,
+                msg.version,
+                back.member,
+                back.why.value,
+                member,
+            )
+        self.outbox.flush()
+        self.feed.hand_back(*waiting)
+        return sent
+
+
+def reconcile_claims(admitter: Any, store: TrajectoryStore) -> None:
+    """Resolve the shared admitter's claims past their deadline, reading readiness from
+    ``store`` (:meth:`router.redis_admitter.RedisAdmitter.reconcile`)."""
+    done = admitter.reconcile(store_readiness(store))
+    if done.requeued or done.dropped:
+        log.info("reconciled claims: %s requeued, %s dropped", done.requeued, done.dropped)
+
+
+class AdmitterLease:
+    """The lease in Redis that lets one router admit while admitters are local to routers.
+
+    Correctness never depends on it: two local admitters at once cost fairness, not safety.
+    """
+
+    def __init__(self, client: redis.Redis, key: str, name: str, ttl_s: float) -> None:
+        self._client, self._key, self._name = client, key, name
+        self._ttl_ms = int(ttl_s * 1000)
+        self._script = client.register_script(_LEASE.read_text())
+
+    def renew(self) -> bool:
+        """Extend the lease if this router still holds it; False if it was lost."""
+        return bool(self._script(keys=[self._key], args=[self._name, "renew", self._ttl_ms]))
+
+    def take(self) -> bool:
+        """Take the lease if nobody holds it."""
+        return bool(self._client.set(self._key, self._name, nx=True, px=self._ttl_ms))
+
+    def release(self) -> None:
+        """Give the lease up, if this router holds it."""
+        self._script(keys=[self._key], args=[self._name, "release", 0])
+
+
+def rebuild_queues(
+    store: TrajectoryStore, tenants: Iterable[str], agents: AgentCache, dispatcher: Dispatcher
+) -> int:
+    """Queue every READY trajectory from the store (oldest first) and take a gate lease for
+    every turn in flight (it expires after its ttl, as its holder's would); returns how many
+    were queued."""
+    records = []
+    gates = dispatcher.gates
+    for tenant in tenants:
+        for state in (LifecycleState.READY, LifecycleState.CALLING_MODEL):
+            for tid in store.list(tenant, state):
+                try:
+                    records.append(store.load(tenant, tid))
+                except ReinsError as exc:
+                    log.warning("rebuild skipped %s/%s: %s", tenant, tid, exc)
+    records.sort(key=lambda r: r.submitted_at)
+    queued = 0
+    for rec in records:
+        try:
+            model = agents.get(rec.agent)[0].profile.model
+        except ReinsError:
+            continue
+        route = route_of(model.provider, model.name)
+        if rec.state is LifecycleState.READY:
+            dispatcher.requeue(ready_notice(rec, "", time.time(), route))
+            queued += 1
+        elif gates is not None and dispatcher.route_for(route):
+            gates.debit(route, f"{rec.trajectory_id}/m{rec.turn}", 1)
+    return queued
+
+
+@dataclass
+class FleetReport:
+    """Tells an observer the membership, the admission figures and the held approvals."""
+
+    membership: Membership
+    tenants: tuple[str, ...]
+    _held_counted_at: float = float("-inf")
+
+    def tell(
+        self,
+        observer: RouterObserver,
+        figures: Callable[[], FairnessFigures] | None,
+        store: TrajectoryStore,
+    ) -> None:
+        """The membership; ``figures`` (None: this router does not admit, so it has none);
+        every ``HELD_APPROVALS_EVERY_S``, the approvals held per tenant, from ``store``."""
+        observer.on_membership(self.membership.records())
+        if figures is not None:
+            observer.on_figures(figures())
+        else:
+            observer.forget_figures()
+        now = time.monotonic()
+        if now - self._held_counted_at >= HELD_APPROVALS_EVERY_S:
+            self._held_counted_at = now
+            held = LifecycleState.AWAITING_APPROVAL
+            observer.on_held_approvals({t: len(store.list(t, held)) for t in self.tenants})

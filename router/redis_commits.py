@@ -1,0 +1,100 @@
+"""How a claim of the Redis admitter ends when its dispatcher resolves it: commit or decline.
+
+A commit (``lua/commit.lua``) keeps the claim's gate debit and counts the admission; a decline
+(``lua/resolve.lua``) puts the call back at the head of its queue with the credit it had and
+releases the debit. Either raises :class:`~kernel.errors.StaleNomination` (a commit its
+subclass :class:`~kernel.errors.ClaimLapsed`) for a claim no longer pending, changing nothing.
+Design: ``docs/adr/0003-redis-admitter-claims.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from kernel.errors import ClaimLapsed, StaleNomination, StoreError
+from router.claims import Claim
+from router.drr import Nomination
+from router.fairness import FairnessBook
+from router.redis_state import AdmitterState
+from store.redis_client import Batch, script_reply, text
+
+
+class ClaimEnds:
+    """Commits and declines claims; every commit is recorded in this replica's ``book``."""
+
+    def __init__(self, state: AdmitterState, book: FairnessBook) -> None:
+        self._state = state
+        self._book = book
+        self._commit = state.script("commit.lua")
+        self._resolve = state.script("queue.lua", "gates.lua", "resolve.lua")
+
+    def commit(self, nomination: Nomination) -> float:
+        """End a claim as admitted; returns the call's admission wait (s), or raises
+        :class:`ClaimLapsed` if the claim is no longer pending."""
+        wait = self.commit_many([nomination])[0]
+        if wait is None:
+            claim = claim_of(nomination)
+            raise ClaimLapsed(
+                f"claim {claim.claim_id} of {claim.call.trajectory_id} is no longer pending: "
+                "withdrawn, or reaped and its quota released; debit again before sending"
+            )
+        return wait
+
+    def commit_many(self, nominations: Sequence[Nomination]) -> list[float | None]:
+        """Commit several claims in one round trip; per claim its wait, or None if it lapsed."""
+        claims = [claim_of(n) for n in nominations]
+        state = self._state
+        reply = self._commit(state.keys, (state.now(), *(c.claim_id for c in claims)), retry=False)
+        return self._committed(claims, reply)
+
+    def commit_on(self, pipeline: Batch, claim: Claim) -> Callable[[Any], float | None]:
+        """Queue the commit of ``claim`` on a pipeline; the function returned turns its reply
+        into :meth:`commit_many`'s answer (a server that lost the script: committed again)."""
+        state = self._state
+        pipeline.execute_command(
+            "EVALSHA", self._commit.sha, 1, *state.keys, state.now(), claim.claim_id
+        )
+
+        def finish(reply: Any) -> float | None:
+            def again() -> Any:
+                return self._commit(state.keys, (state.now(), claim.claim_id), retry=False)
+
+            try:
+                return self._committed([claim], script_reply(reply, again))[0]
+            except RedisError as exc:
+                raise StoreError(f"commit.lua: {exc}") from exc
+
+        return finish
+
+    def decline(self, nomination: Nomination) -> None:
+        """End a claim as refused: the call is READY at its queue head again, its debit released."""
+        claim = claim_of(nomination)
+        state = self._state
+        reply = self._resolve(state.keys, ("decline", claim.claim_id, state.now()), retry=False)
+        if int(reply[0]) != 1:
+            raise StaleNomination(
+                f"claim {claim.claim_id} of {claim.call.trajectory_id} is no longer pending; "
+                "nothing to decline"
+            )
+
+    def _committed(self, claims: Sequence[Claim], reply: Sequence[Any]) -> list[float | None]:
+        now = float(text(reply[0]))
+        waits: list[float | None] = []
+        for claim, done in zip(claims, reply[1:], strict=True):
+            if int(done) != 1:
+                waits.append(None)
+                continue
+            call = claim.call
+            waits.append(now - call.ready_at)
+            self._book.record(claim.lane, call.charge, now - call.ready_at, now)
+        return waits
+
+
+def claim_of(nomination: Nomination) -> Claim:
+    """The nomination as a claim of a Redis admitter, or :class:`StaleNomination`."""
+    if not isinstance(nomination, Claim):
+        raise StaleNomination("not a claim of a Redis admitter; nominate from this admitter")
+    return nomination
