@@ -70,7 +70,7 @@ def admit(draft: Draft) -> None:
         draft.stop(StopReason.WALL_CLOCK)
         return
     if rec.pending_control is not None:
-        draft.carry_out_hold()
+        draft.carry_out_pending_control()
         return
     led = rec.ledger
     if led.headroom(Dimension.STEPS) < 1:

@@ -190,7 +190,7 @@ class Draft:
         elif rec.error_streak.count >= rec.budget.max_same_error:
             self.stop(StopReason.FAILED, f"{rec.error_streak.kind} {rec.error_streak.count} times")
         elif rec.pending_control is not None:
-            self.carry_out_hold()
+            self.carry_out_pending_control()
         else:
             self.commands.append(ENQUEUE)
 
@@ -214,8 +214,8 @@ class Draft:
         self.move(target, Cause.FINISH)
         self.commands.append(construct(Finish, state=target, stop=rec.stop_reason, message=message))
 
-    def carry_out_hold(self) -> None:
-        """Carry out the pending control hold on a trajectory that is (now) READY."""
+    def carry_out_pending_control(self) -> None:
+        """Carry out the pending control on a trajectory that is (now) READY."""
         rec = self.rec
         pc = rec.pending_control
         if pc is None:

@@ -1,8 +1,9 @@
 """Control actions, approval decisions and the passing of time.
 
-Pause enters PAUSED only from READY: from a live call or wait it sets a hold, withdraws
-eligibility, advances the control epoch, ends the wait and steps READY -> PAUSED under the same
-hold, all in one step, so there is no moment at which work could be admitted (seed 004 10.4.3).
+Pause enters PAUSED only from READY: from a live call or wait it records the pending control,
+withdraws eligibility, advances the control epoch, ends the wait and steps READY -> PAUSED under
+the same pending control, all in one step, so there is no moment at which work could be admitted
+(seed 004 10.4.3).
 Withdrawal never refunds: outstanding operations keep their reservations until evidence.
 """
 
@@ -31,7 +32,7 @@ from kernel.tools import ToolSpec
 
 S = LifecycleState
 #: States in which nothing new is admitted: a pause, a stop under way, or the end.
-HOLDING = frozenset({S.PAUSED, S.FINALIZING, S.COMPLETED, S.FAILED, S.CANCELED})
+ADMISSION_STOPPED = frozenset({S.PAUSED, S.FINALIZING, S.COMPLETED, S.FAILED, S.CANCELED})
 
 
 def _withdraw(draft: Draft) -> None:
@@ -52,7 +53,7 @@ def _withdraw(draft: Draft) -> None:
 
 
 def _step_down(draft: Draft) -> None:
-    """From a live call, wait or hold, back to READY (explicit withdrawal)."""
+    """From a live call, a wait or an approval, back to READY (explicit withdrawal)."""
     rec = draft.rec
     if rec.state in (S.CALLING_MODEL, S.WAITING_TOOL, S.AWAITING_APPROVAL):
         _withdraw(draft)
@@ -71,11 +72,11 @@ def on_control(draft: Draft, ev: ControlRequested) -> None:
     outstanding = sorted(
         op.call_id for op in rec.operations.values() if op.open or op.status is OpStatus.HANDED_OFF
     )
-    holding = rec.pending_control is not None or rec.state in HOLDING
+    stopped = rec.pending_control is not None or rec.state in ADMISSION_STOPPED
     draft.ack = {
         "request_id": ev.request_id,
         "received": True,
-        "admission_stopped": holding and ev.kind is not ControlKind.RESUME,
+        "admission_stopped": stopped and ev.kind is not ControlKind.RESUME,
         "running_work_stopped": not outstanding,
         "outstanding": outstanding,
         "state": rec.state.value,
@@ -86,7 +87,7 @@ def _apply_control(draft: Draft, ev: ControlRequested) -> None:
     rec = draft.rec
     if rec.state not in LIVE:
         raise IllegalTransition(rec.state.value, ev.kind.value, ev.request_id, "run has ended")
-    hold = PendingControl(
+    pending = PendingControl(
         kind=ev.kind, request_id=ev.request_id, requested_by=ev.requested_by, at=ev.now
     )
     if ev.kind is ControlKind.PAUSE and rec.state is S.PAUSED:
@@ -97,16 +98,16 @@ def _apply_control(draft: Draft, ev: ControlRequested) -> None:
         outcome=ev.kind.value,
         detail={"request_id": ev.request_id, "by": ev.requested_by},
     )
-    _CONTROLS[ev.kind](draft, ev, hold)
+    _CONTROLS[ev.kind](draft, ev, pending)
 
 
-def _pause(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
-    draft.rec.pending_control = hold
+def _pause(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
+    draft.rec.pending_control = pending
     _step_down(draft)
     draft.move(S.PAUSED, Cause.PAUSE)
 
 
-def _resume(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
+def _resume(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
     rec = draft.rec
     if rec.state is not S.PAUSED:
         raise IllegalTransition(rec.state.value, S.READY.value, ev.request_id, "not paused")
@@ -115,11 +116,12 @@ def _resume(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
     draft.commands.append(Enqueue())
 
 
-def _cancel(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
-    """Cancel or kill: withdraw under the hold, then stop; a kill also cancels every call still
+def _cancel(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
+    """Cancel or kill: withdraw under the pending control, then stop; a kill also cancels every call
+    still
     open, eligible or not."""
     rec = draft.rec
-    rec.pending_control = hold
+    rec.pending_control = pending
     _withdraw(draft)
     if ev.kind is ControlKind.KILL:
         for op in rec.operations.values():
@@ -131,7 +133,7 @@ def _cancel(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
     draft.stop(StopReason.CANCELED if ev.kind is ControlKind.CANCEL else StopReason.KILLED)
 
 
-def _interrupt(draft: Draft, ev: ControlRequested, hold: PendingControl) -> None:
+def _interrupt(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
     rec = draft.rec
     _step_down(draft)
     rec.last_observation = {"status": "interrupt", "instructions": ev.instructions or ""}

@@ -236,7 +236,7 @@ def _hold(draft: Draft, spec: ToolSpec, args: dict[str, Any], plan_step: str | N
     }
     held = HeldProposal(
         approval_id=approval_id,
-        held_version=rec.record_version + 1,  # the version the hold commits at
+        held_version=rec.record_version + 1,  # the version the held proposal commits at
         plan_revision=rec.plan_revision,
         expires_at=draft.now + draft.ctx.agent.approval_ttl_s,
         held_at=draft.now,

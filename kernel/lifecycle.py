@@ -29,7 +29,7 @@ class Cause(StrEnum):
     REPLY_APPROVAL = "reply_approval"  # a completed reply whose action is held for review
     REPLY_OBSERVE = "reply_observe"  # any other reply: back to READY with an observation
     WAIT_SATISFIED = "wait_satisfied"  # the wait policy of WAITING_TOOL is met
-    WITHDRAWN = "withdrawn"  # a wait or hold withdrawn (deadline, control, expiry, denial)
+    WITHDRAWN = "withdrawn"  # a wait or approval withdrawn (deadline, control, expiry, denial)
     APPROVED = "approved"  # an approval decision whose dispatch was admitted
     PAUSE = "pause"
     RESUME = "resume"
@@ -67,9 +67,9 @@ Guard = Callable[[TrajectoryRecord, Decision, float], str | None]
 """A guard returns None to permit the edge, or the reason it refuses."""
 
 
-def _no_hold(rec: TrajectoryRecord) -> str | None:
+def _no_pending_control(rec: TrajectoryRecord) -> str | None:
     if rec.pending_control is not None:
-        return f"control hold {rec.pending_control.kind.value} is pending"
+        return f"control {rec.pending_control.kind.value} is pending"
     return None
 
 
@@ -106,15 +106,15 @@ def _clocks(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
 
 def _admission(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
     """The non-budget part of the admission check; the ledger adds the budget clause."""
-    if (why := _no_hold(rec)) is not None:
+    if (why := _no_pending_control(rec)) is not None:
         return why
     if rec.held is not None and rec.held.status is ApprovalStatus.HELD:
         return "a proposal is held for approval"
     return _clocks(rec, d, now)
 
 
-def _no_hold_guard(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
-    return _no_hold(rec)
+def _no_pending(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
+    return _no_pending_control(rec)
 
 
 def _pause_entry(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
@@ -150,10 +150,10 @@ GUARDS: dict[tuple[S, S], Guard] = {
     (S.READY, S.CALLING_MODEL): _all(_cause(Cause.ADMIT), _admission),
     (S.READY, S.PAUSED): _all(_cause(Cause.PAUSE), _pause_entry),
     (S.CALLING_MODEL, S.READY): _cause(Cause.REPLY_OBSERVE, Cause.WITHDRAWN),
-    (S.CALLING_MODEL, S.WAITING_TOOL): _all(_cause(Cause.REPLY_TOOLS), _no_hold_guard),
-    (S.CALLING_MODEL, S.AWAITING_APPROVAL): _all(_cause(Cause.REPLY_APPROVAL), _no_hold_guard),
+    (S.CALLING_MODEL, S.WAITING_TOOL): _all(_cause(Cause.REPLY_TOOLS), _no_pending),
+    (S.CALLING_MODEL, S.AWAITING_APPROVAL): _all(_cause(Cause.REPLY_APPROVAL), _no_pending),
     (S.WAITING_TOOL, S.READY): _cause(Cause.WAIT_SATISFIED, Cause.WITHDRAWN),
-    (S.AWAITING_APPROVAL, S.WAITING_TOOL): _all(_cause(Cause.APPROVED), _no_hold_guard, _clocks),
+    (S.AWAITING_APPROVAL, S.WAITING_TOOL): _all(_cause(Cause.APPROVED), _no_pending, _clocks),
     (S.AWAITING_APPROVAL, S.READY): _cause(Cause.WITHDRAWN),
     (S.PAUSED, S.READY): _cause(Cause.RESUME),
     **{(s, S.FINALIZING): _all(_cause(Cause.STOP), _stop) for s in LIVE},

@@ -159,7 +159,7 @@ class ControlKind(StrEnum):
 
 @json_native
 class PendingControl(BaseModel):
-    """A control hold that blocks admission until it is carried out."""
+    """A control request that blocks admission until it is carried out."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -46,7 +46,7 @@ class Settings(BaseModel):
         le=1,
         description="a router woken by an ended turn waits this long for more (0: admits at once)",
     )
-    chain_turns: int = Field(
+    follow_on_turns: int = Field(
         16,
         ge=0,
         le=1000,

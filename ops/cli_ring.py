@@ -2,7 +2,7 @@
 
 Reads the membership from the Redis named by ``REINS_REDIS_URL`` under ``REINS_KEY_PREFIX``, and
 builds the ring exactly as every router replica does, so the fingerprint shown here is the one
-each live replica should be publishing. ``show`` also reads the reconciler's holdings and
+each live replica should be publishing. ``show`` also reads the reconciler's custody and
 recoveries (:mod:`router.reconcile`), so a dead or removed worker stays visible with the turns it
 still holds and those recovered from it (:mod:`ops.ring_view`). ``show`` writes nothing.
 """
@@ -27,8 +27,8 @@ from rich.text import Text
 from kernel.errors import RingError, StoreError, UnknownMember
 from kernel.settings import Settings
 from ops.ring_view import MemberRow, Recovery, ShownState, member_rows
+from router.custody import Custody
 from router.membership import DrainStatus, Membership
-from router.reconcile import Holdings
 
 ring_app = typer.Typer(
     no_args_is_help=True,
@@ -68,17 +68,17 @@ def _membership() -> Iterator[Membership]:
 def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Members (state, points, share, turns held and recovered), fingerprint, replicas."""
+    """Members (state, points, share, turns in custody and recovered), fingerprint, replicas."""
     with _redis() as (settings, client):
         membership = _membership_on(settings, client)
-        holdings = Holdings(client, settings.key_prefix)
+        custody = Custody(client, settings.key_prefix)
         records = membership.records()
         ring = membership.build_ring()
         replicas = membership.replicas()
         drains = _drain_statuses(membership, [r.name for r in records if r.draining])
-        held = _held_counts(holdings)
-        recoveries = _recoveries(holdings)
-        rows = member_rows(records, ring, drains, held, recoveries, holdings.redis_now())
+        in_custody = _custody_counts(custody)
+        recoveries = _recoveries(custody)
+        rows = member_rows(records, ring, drains, in_custody, recoveries, custody.redis_now())
     if as_json:
         view = {
             "fingerprint": ring.fingerprint,
@@ -172,7 +172,7 @@ def _members_table(rows: list[MemberRow]) -> Table:
     table.add_column("state")
     table.add_column("points", justify="right")
     table.add_column("share", justify="right")
-    table.add_column("held", justify="right")
+    table.add_column("in custody", justify="right")
     table.add_column("recovered", justify="right")
     table.add_column("worst", justify="right")  # last heartbeat to a recovery, worst case
     for row in rows:
@@ -183,7 +183,7 @@ def _members_table(rows: list[MemberRow]) -> Table:
             Text(row.describe(), style=_STYLES[row.state]),
             f"{row.points:,}" if placed else "-",
             f"{row.share:.2%}" if placed else "-",
-            str(row.held),
+            str(row.in_custody),
             str(row.recovered),
             "-" if row.worst_recovery_s is None else f"{row.worst_recovery_s:.2f}s",
         )
@@ -204,18 +204,18 @@ def _drain_statuses(membership: Membership, names: list[str]) -> dict[str, Drain
     return statuses
 
 
-def _held_counts(holdings: Holdings) -> dict[str, int]:
-    """Turns each holder holds now, read only (``Holdings.held`` drops bad entries it meets)."""
-    holders = sorted(holdings.holders())
-    pipe = holdings.client.pipeline(transaction=False)
-    for member in holders:
-        pipe.hlen(holdings.key(member))
-    return dict(zip(holders, cast(list[int], pipe.execute()), strict=True))
+def _custody_counts(custody: Custody) -> dict[str, int]:
+    """Turns each custodian has now, read only (``Custody.entrusted_to`` drops bad entries)."""
+    custodians = sorted(custody.custodians())
+    pipe = custody.client.pipeline(transaction=False)
+    for member in custodians:
+        pipe.hlen(custody.key(member))
+    return dict(zip(custodians, cast(list[int], pipe.execute()), strict=True))
 
 
-def _recoveries(holdings: Holdings) -> list[Recovery]:
+def _recoveries(custody: Custody) -> list[Recovery]:
     """The recorded recoveries; a corrupt entry is reported, not skipped."""
     try:
-        return [Recovery.parse(entry) for entry in holdings.recoveries()]
+        return [Recovery.parse(entry) for entry in custody.recoveries()]
     except ValueError as exc:
-        raise StoreError(f"{holdings.recoveries_key}: {exc}") from None
+        raise StoreError(f"{custody.recoveries_key}: {exc}") from None

@@ -7,7 +7,7 @@ A member is shown in one of four states, so an operator can follow a drain or a 
   acknowledged the drain (``drain_acknowledged``; ``drain_pending`` names the replicas still
   placing new turns on it);
 * ``dead``: still registered but its heartbeat lapsed, so it is out of every ring and the
-  reconciler recovers the turns it held;
+  reconciler recovers the turns in its custody;
 * ``gone``: no longer registered, yet it still holds turns or turns were recovered from it
   (a SIGKILLed worker that was then removed, for example).
 
@@ -69,7 +69,7 @@ class MemberRow:
     heartbeat_age_s: float | None
     drain_acknowledged: bool | None  # None unless draining
     drain_pending: tuple[str, ...]
-    held: int
+    in_custody: int
     recovered: int
     worst_recovery_s: float | None
 
@@ -89,7 +89,7 @@ class MemberRow:
             "heartbeat_age_s": None if age is None else round(age, 3),
             "drain_acknowledged": self.drain_acknowledged,
             "drain_pending": list(self.drain_pending),
-            "held": self.held,
+            "in_custody": self.in_custody,
             "recovered": self.recovered,
             "worst_recovery_s": None if worst is None else round(worst, 3),
         }
@@ -111,8 +111,8 @@ class MemberRow:
             return f"dead ({lapsed}{', was draining' if self.draining else ''})"
         if self.state is ShownState.GONE:
             parts = [f"recovered {self.recovered}"] if self.recovered else []
-            if self.held:
-                parts.append(f"{self.held} not yet recovered")
+            if self.in_custody:
+                parts.append(f"{self.in_custody} not yet recovered")
             return f"gone ({', '.join(parts)})"
         return self.state.value
 
@@ -121,16 +121,16 @@ def member_rows(
     records: Sequence[MemberRecord],
     ring: Ring,
     drains: Mapping[str, DrainStatus],
-    held: Mapping[str, int],
+    in_custody: Mapping[str, int],
     recoveries: Sequence[Recovery],
     now: float,
 ) -> list[MemberRow]:
-    """Every registered member by name, then every deregistered one still holding turns or
+    """Every registered member by name, then every deregistered one still with turns in custody or
     with turns recovered from it, by name.
 
     ``ring`` is the ring built from ``records``; ``drains`` has the drain status of draining
-    members (one missing is shown without it); ``held`` counts each holder's turns; ``now`` is
-    on the clock the heartbeats were written with.
+    members (one missing is shown without it); ``in_custody`` counts each custodian's turns;
+    ``now`` is on the clock the heartbeats were written with.
     """
     recovered: dict[str, int] = {}
     worst: dict[str, float] = {}
@@ -161,13 +161,13 @@ def member_rows(
                 heartbeat_age_s=age if math.isfinite(age) else None,
                 drain_acknowledged=None if drain is None else drain.acknowledged,
                 drain_pending=() if drain is None else drain.pending,
-                held=held.get(record.name, 0),
+                in_custody=in_custody.get(record.name, 0),
                 recovered=recovered.get(record.name, 0),
                 worst_recovery_s=worst.get(record.name),
             )
         )
     registered = {r.name for r in records}
-    gone = {m for m, n in held.items() if n > 0} | set(recovered)
+    gone = {m for m, n in in_custody.items() if n > 0} | set(recovered)
     for name in sorted(gone - registered):
         rows.append(
             MemberRow(
@@ -182,7 +182,7 @@ def member_rows(
                 heartbeat_age_s=None,
                 drain_acknowledged=None,
                 drain_pending=(),
-                held=held.get(name, 0),
+                in_custody=in_custody.get(name, 0),
                 recovered=recovered.get(name, 0),
                 worst_recovery_s=worst.get(name),
             )

@@ -26,13 +26,13 @@ from kernel.settings import Settings
 from router.admitter import Admitter
 from router.agents import AgentCache
 from router.broker import TaskPublisher, make_app
+from router.custody import Custody
 from router.dispatch import Dispatcher, Sender
 from router.feed import Feed
 from router.fifo import FifoAdmitter
 from router.gates import GateConfig, MemoryGates
 from router.membership import Membership, ReplicaRing
 from router.observe import RouterObserver
-from router.reconcile import Holdings
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
@@ -75,7 +75,7 @@ def load_gate_config(path: str) -> GateConfig | None:
 
 @dataclass
 class Outbox:
-    """How a router's turn messages leave: each one's holding is registered before it is sent.
+    """How a router's turn messages leave: each one's custody entry is written before it is sent.
 
     ``turn`` sends an admitted turn; through the broker it is buffered until :meth:`flush`.
     ``now`` sends at once (the router API's sends, outside the cycle).
@@ -83,23 +83,23 @@ class Outbox:
 
     turn: Sender
     now: Sender
-    holdings: Holdings
+    custody: Custody
     publisher: TaskPublisher | None = None
 
     @classmethod
-    def wire(cls, settings: Settings, holdings: Holdings, sender: Sender | None) -> Outbox:
+    def wire(cls, settings: Settings, custody: Custody, sender: Sender | None) -> Outbox:
         """Through the broker of ``settings``, or through ``sender`` (tests, in process)."""
         if sender is not None:
-            send = holdings.sending(sender)
-            return cls(send, send, holdings)
+            send = custody.sending(sender)
+            return cls(send, send, custody)
         broker = redis.Redis.from_url(settings.broker_url, retry=Retry(NoBackoff(), 0))
         publisher = TaskPublisher(make_app(settings), broker, settings)
-        turn = holdings.buffering(publisher.turn)  # flushed before the publisher
-        return cls(turn, holdings.sending(publisher.send), holdings, publisher)
+        turn = custody.buffering(publisher.turn)  # flushed before the publisher
+        return cls(turn, custody.sending(publisher.send), custody, publisher)
 
     def flush(self) -> None:
-        """Register before send: the buffered holdings first, then the buffered messages."""
-        self.holdings.flush()
+        """Register before send: the buffered custody first, then the buffered messages."""
+        self.custody.flush()
         if self.publisher is not None:
             self.publisher.flush()
 
@@ -164,7 +164,7 @@ class Admission:
             shared=self.shared,
             depths=depths,
             observer=self.observer,
-            chain_turns=self.settings.chain_turns,
+            follow_on_turns=self.settings.follow_on_turns,
         )
 
 
@@ -180,7 +180,7 @@ class RouterParts:
     config: AdmissionConfig
     gate_config: GateConfig | None
     agents: AgentCache
-    holdings: Holdings
+    custody: Custody
     outbox: Outbox
     admission: Admission
 
@@ -213,8 +213,8 @@ class RouterParts:
         observer.on_config(config)
         gate_config = load_gate_config(options.gates_file)
         agents = AgentCache()
-        holdings = Holdings(client, prefix)
-        outbox = Outbox.wire(settings, holdings, sender)
+        custody = Custody(client, prefix)
+        outbox = Outbox.wire(settings, custody, sender)
         admission = Admission(
             options.name,
             settings,
@@ -237,7 +237,7 @@ class RouterParts:
             config,
             gate_config,
             agents,
-            holdings,
+            custody,
             outbox,
             admission,
         )

@@ -99,11 +99,11 @@ class Dispatcher:
         depths: Callable[[], Sequence[int]] | None = None,
         clock: Callable[[], float] = time.time,
         observer: AdmissionObserver | None = None,
-        chain_turns: int = 0,
+        follow_on_turns: int = 0,
     ) -> None:
         self.name, self.store, self.admitter, self.feed = name, store, admitter, feed
-        # Only a worker admitting through the same shared admitter may chain turns itself.
-        self.chain_turns = chain_turns if shared else 0
+        # Only a worker admitting through the same shared admitter may admit follow-on turns.
+        self.follow_on_turns = follow_on_turns if shared else 0
         self.observer = observer or AdmissionObserver()
         self.agents, self.ring, self.sender = agents, ring, sender
         self.gates, self.gate_config, self.shared = gates, gate_config, shared
@@ -315,7 +315,7 @@ class Dispatcher:
             lease=lease,
             route=route,
             lease_ttl_s=self._lease_ttl(route) if lease else 0.0,
-            chain=self.chain_turns,
+            follow_on=self.follow_on_turns,
         )
         return ring.lookup(placement_key(tenant, tid)), msg
 

@@ -161,7 +161,7 @@ class TurnMessage:
     route: str = ""
     refused_by: tuple[str, ...] = ()  # members that handed it back unable to read the record
     lease_ttl_s: float = 0.0  # the gate lease lapses unless renewed this often (0: no lease)
-    chain: int = 0  # turns the worker may admit after this one itself (worker.chain)
+    follow_on: int = 0  # turns the worker may admit after this one itself (worker.follow_on)
 
     @classmethod
     def of(
@@ -205,7 +205,7 @@ class TurnMessage:
             "route": self.route,
             "refused_by": list(self.refused_by),
             "lease_ttl_s": self.lease_ttl_s,
-            "chain": self.chain,
+            "follow_on": self.follow_on,
         }
 
     @classmethod
@@ -227,7 +227,7 @@ class TurnMessage:
                 route=str(payload.get("route", "")),
                 refused_by=tuple(str(m) for m in payload.get("refused_by", ())),
                 lease_ttl_s=float(payload.get("lease_ttl_s", 0.0)),
-                chain=_not_negative("chain", int(payload.get("chain", 0))),
+                follow_on=_not_negative("follow_on", int(payload.get("follow_on", 0))),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise InvalidInput(f"malformed turn message: {exc}") from None

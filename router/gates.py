@@ -82,7 +82,7 @@ class GateReading:
 
     route: str
     ok: bool
-    reason: str  # "ok", "held", "paused", "rpm", "tpm", "concurrency", "remaining_tokens", ...
+    reason: str  # "ok", "repeat", "paused", "rpm", "tpm", "concurrency", "remaining_tokens", ...
     requests: int
     tokens: int
     leases: int
@@ -214,7 +214,7 @@ class MemoryGates(ProviderGates):
                 return _unknown(route)
             self._trim(r, now)
             if lease_id in r.leases and lease_id in r.counts_until:
-                return self._read(route, r, True, "held")
+                return self._read(route, r, True, "repeat")
             self._drop(r, lease_id)
             why = self._refusal(r, tokens, now)
             if why:

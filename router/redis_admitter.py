@@ -32,7 +32,7 @@ from router.claims import (
 from router.drr import Nomination, ReadyCall
 from router.fairness import FairnessFigures
 from router.lapsed_claims import LapsedClaims
-from router.redis_claims import ChainedClaims, RedisClaims
+from router.redis_claims import FollowOnClaims, RedisClaims
 from router.redis_commits import ClaimEnds
 from router.redis_figures import RedisFigures
 from router.redis_gates import RedisGates
@@ -82,7 +82,7 @@ class RedisAdmitter(AdmissionQueue):
         self._client = client
         self._queue = RedisQueue(state, gates)
         self._claims = RedisClaims(state)
-        self._chained = ChainedClaims(state, gates)
+        self._follow_on = FollowOnClaims(state, gates)
         self._figures = RedisFigures(state)
         self._ends = ClaimEnds(state, self._figures.book)
         self._lapsed = LapsedClaims(state)
@@ -141,16 +141,16 @@ class RedisAdmitter(AdmissionQueue):
     ) -> tuple[bool, Claim | None]:
         """Queue a trajectory back at READY, then claim it at once if that overtakes nobody.
 
-        For the worker that just ended the trajectory's turn (:mod:`worker.chain`), in one script
-        run, so no router claims the call in between: a call with a gate is claimed only if DRR
-        picks it next, one without is claimed at once; the claim counts as a router's does.
+        For the worker that just ended the trajectory's turn (:mod:`worker.follow_on`), in one
+        script run, so no router claims the call in between: a call with a gate is claimed only
+        if DRR picks it next, one without is claimed at once; the claim counts as a router's does.
         ``settle``: the ended turn's (route, lease id, tokens used or -1), settled first (as
         :meth:`RedisGates.settle`) whatever the answer. Returns (queued, claim):
         ``(True, None)``, queued but another call comes first or its gate refused (a router
         admits it); ``(False, None)``, not queued (already queued, or over the tenant's largest
         call: the router's requeue decides).
         """
-        return self._chained.claim_returning(call, settle=settle)
+        return self._follow_on.claim_returning(call, settle=settle)
 
     def withdraw(self, trajectory_id: str) -> bool:
         """Take a trajectory out, queued or claimed (its claim dropped); False if absent."""

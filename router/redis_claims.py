@@ -3,7 +3,7 @@
 One run of ``lua/claim.lua`` picks by weighted deficit round-robin, debits the call's route
 under the new claim id, deducts the charge and takes the call out of its queue, for up to
 ``count`` calls; no other claim, in any replica, can return the same call until this one ends
-(:mod:`router.redis_commits`, :mod:`router.lapsed_claims`). :class:`ChainedClaims` queues a
+(:mod:`router.redis_commits`, :mod:`router.lapsed_claims`). :class:`FollowOnClaims` queues a
 returning call and claims it in the same run. Design: ``docs/adr/0003-redis-admitter-claims.md``.
 """
 
@@ -97,13 +97,15 @@ class RedisClaims:
         return None
 
 
-class ChainedClaims:
+class FollowOnClaims:
     """Queues a returning trajectory's call and claims it in the same script run."""
 
     def __init__(self, state: AdmitterState, gates: RedisGates | None) -> None:
         self._state = state
         self._gates = gates
-        self._chain = state.script("queue.lua", "pick.lua", "gates.lua", "chain.lua", "claim.lua")
+        self._returning = state.script(
+            "queue.lua", "pick.lua", "gates.lua", "returning.lua", "claim.lua"
+        )
 
     def claim_returning(
         self, call: Returning, *, settle: tuple[str, str, int] = ("", "", -1)
@@ -122,7 +124,7 @@ class ChainedClaims:
             return False, None
         call_args = (tid, lane, klass, input_tokens, output_allowance, charge, route or "")
         args = (state.now(), 0, state.claim_ttl, "1", "direct", tid, 1, 0, *settle, *call_args)
-        reply = self._chain(state.keys, args, retry=False)
+        reply = self._returning(state.keys, args, retry=False)
         if int(reply[0]) == -1:
             return False, None
         if int(reply[0]) == -3:

@@ -73,7 +73,7 @@ class RouterService:
         self.client, self.store, self.feed = parts.client, parts.store, parts.feed
         self.membership, self.replica = parts.membership, parts.replica
         self.config, self.gate_config = parts.config, parts.gate_config
-        self.agents, self.holdings, self.outbox = parts.agents, parts.holdings, parts.outbox
+        self.agents, self.custody, self.outbox = parts.agents, parts.custody, parts.outbox
         self.admission = parts.admission
         self.sender = self.outbox.turn
         self.shared = self.admission.shared
@@ -94,7 +94,7 @@ class RouterService:
         self.reconciler = Reconciler(
             api,
             self.membership,
-            self.holdings,
+            self.custody,
             ring=lambda: self.replica.ring,
             by=options.name,
             backstop=self.stranded,
@@ -175,7 +175,7 @@ class RouterService:
         gather = self.settings.router_gather_s
         if block_s > 0 and gather > 0 and 0 < len(notices) < limit:
             # Idle until a turn ended: take the turns ending meanwhile into this cycle too, so
-            # its round trips (requeue, claim, commit, holdings, publish) serve several
+            # its round trips (requeue, claim, commit, custody, publish) serve several
             # admissions. A few milliseconds against a model call of seconds.
             self._stop.wait(gather)
             notices += self.feed.pop(limit - len(notices))

@@ -1,11 +1,11 @@
 """Stranded turns: a trajectory left mid-turn with no worker carrying it on, recovered.
 
 :class:`StrandedTurns` is the router's slow backstop, run by the reconciler after its own pass
-(:mod:`router.reconcile`), for turns no holding names. Each sweep lists the acting trajectories
-of every tenant, remembers when it first saw each at which version, and delivers ``Recover`` to
-those still at that version after ``after_s`` (longer than the longest turn), by compare-and-set
-on that version: a slow turn that moved on is left alone, and two routers recover a turn once.
-Design: ``docs/adr/0008-turn-recovery.md``.
+(:mod:`router.reconcile`), for turns no custody entry names. Each sweep lists the acting
+trajectories of every tenant, remembers when it first saw each at which version, and delivers
+``Recover`` to those still at that version after ``after_s`` (longer than the longest turn), by
+compare-and-set on that version: a slow turn that moved on is left alone, and two routers recover a
+turn once. Design: ``docs/adr/0008-turn-recovery.md``.
 """
 
 from __future__ import annotations

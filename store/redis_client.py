@@ -119,7 +119,7 @@ class DirectBatch:
     """Commands sent together on one pooled connection and their replies read in order, as
     ``client.pipeline(transaction=False)`` does, without its machinery; for commands whose
     reply needs no conversion (``RPUSH``, ``LPUSH``, ``HSET``, ``SADD``, ``EVALSHA``). The
-    worker's notice and the router's holdings and turn messages go this way, once per turn.
+    worker's notice and the router's custody and turn messages go this way, once per turn.
     """
 
     def __init__(self, client: redis.Redis) -> None:

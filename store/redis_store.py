@@ -171,7 +171,7 @@ class RedisStore(TrajectoryStore):
 
         ``before``: commands the server runs first, in the same round trip (idempotent ones:
         they are sent again with a commit that must be sent again). A worker that admits a
-        turn itself writes its holding this way (:mod:`worker.chain`): it is in place before
+        turn itself writes its holding this way (:mod:`worker.follow_on`): it is in place before
         the admission is, and costs no round trip of its own."""
         snap_key, chain_key, index_key = _commit_keys(
             self.prefix, commit.tenant, commit.trajectory_id

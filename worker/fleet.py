@@ -32,16 +32,16 @@ from kernel.settings import Settings
 from kernel.tools import ToolBackend
 from router.agents import AgentCache
 from router.broker import broker_keyprefix, queue_for, take_queued_turns
+from router.custody import Custody
 from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
 from router.gates import GateConfig
 from router.membership import Membership
-from router.reconcile import Holdings
 from router.redis_gates import RedisGates
 from store.redis_client import client_from_url
 from store.redis_store import RedisStore
 from worker.celery_app import worker_app
-from worker.chain import TurnChain
 from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
+from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
 from worker.turn import TurnObserver, TurnRunner
@@ -103,7 +103,7 @@ class FleetWorker:
         # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
         gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)
         self.leases = LeaseKeeper(gates)
-        holdings = Holdings(self.client, settings.key_prefix)
+        custody = Custody(self.client, settings.key_prefix)
         self._draining = threading.Event()
         self.runner = TurnRunner(
             store=self.store,
@@ -112,10 +112,10 @@ class FleetWorker:
             worker=self.name,
             inflight=self.inflight,
             listener=self.listener,
-            holdings=holdings,
+            custody=custody,
             observer=observer,
             leases=self.leases,
-            chain=self._chain(gates, holdings, observer),
+            follow_on=self._follow_on(gates, custody, observer),
         )
         self._stop = threading.Event()
         self._handing_back = threading.Event()  # the drain grace ran out: give turns back
@@ -125,17 +125,17 @@ class FleetWorker:
         self.turn_cpu_s = 0.0  # CPU the turns themselves took in their threads (not Celery's)
         self._figures = threading.Lock()
 
-    def _chain(
-        self, gates: RedisGates, holdings: Holdings, observer: TurnObserver | None
-    ) -> TurnChain | None:
-        """Chained turns (:mod:`worker.chain`) through the shared admitter, when configured."""
-        return TurnChain.configured(
+    def _follow_on(
+        self, gates: RedisGates, custody: Custody, observer: TurnObserver | None
+    ) -> FollowOn | None:
+        """Follow-on turns (:mod:`worker.follow_on`) through the shared admitter, if configured."""
+        return FollowOn.configured(
             self.settings,
             worker=self.name,
             client=self.client,
             store=self.store,
             gates=gates,
-            holdings=holdings,
+            custody=custody,
             feed=self.feed,
             draining=self._draining.is_set,
             observer=observer,
@@ -204,13 +204,13 @@ class FleetWorker:
         log.info(
             "worker %s deregistered after %d turns (%.2f ms CPU each)", self.name, turns, per_turn
         )
-        chain = self.runner.chain
-        if chain is not None:
+        follow_on = self.runner.follow_on
+        if follow_on is not None:
             log.info(
                 "worker %s admitted %d turns itself and left %d to the routers",
                 self.name,
-                chain.chained,
-                chain.passed,
+                follow_on.admitted,
+                follow_on.passed,
             )
 
     def _heartbeat(self) -> None:

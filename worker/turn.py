@@ -5,8 +5,8 @@ carries out the committed commands (:mod:`worker.turn_commands`), commits each o
 compare-and-set before carrying out what it asks for, and ends the turn
 (:mod:`worker.turn_ending`). Nothing reaches a model or a tool that the store does not hold; a
 lost race re-steps the same event on the reloaded record; a stale message changes nothing; each
-message ends in exactly one notice or one hand-back, then its holding is released. With a
-:class:`~worker.chain.TurnChain`, turns admitted here follow in the same call. An optional
+message ends in exactly one notice or one hand-back, then its custody entry is released. With a
+:class:`~worker.follow_on.FollowOn`, turns admitted here follow in the same call. An optional
 :class:`TurnObserver` is told of each turn and commit. See docs/adr/0040-turn-runner.md.
 """
 
@@ -32,6 +32,7 @@ from kernel.events import (
 )
 from kernel.record import TrajectoryRecord
 from router.commits import advance
+from router.custody import Custody
 from router.feed import (
     CancelListener,
     Feed,
@@ -42,11 +43,10 @@ from router.feed import (
     ready_notice,
 )
 from router.observe import AdmissionObserver, provider_of
-from router.reconcile import Holdings
 from store.base import TrajectoryStore
 from worker import turn_checks as checks
-from worker.chain import TurnChain
 from worker.fleet_agents import TurnTools
+from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
 from worker.turn_checks import HandBackInstead, Ignored, Opening
@@ -75,8 +75,8 @@ class TurnObserver(AdmissionObserver):
 
 
 @dataclass(frozen=True, slots=True)
-class _Chained:
-    """A turn admitted on this worker (:mod:`worker.chain`): its message, the record its
+class _FollowOn:
+    """A turn admitted on this worker (:mod:`worker.follow_on`): its message, the record its
     admission committed and the admission's commands."""
 
     msg: TurnMessage
@@ -133,7 +133,7 @@ class TurnRunner:
     clock: _OnPart[Callable[[], float]] = _OnPart("_carrier")
     feed: _OnPart[Feed] = _OnPart("_ending")
     worker: _OnPart[str] = _OnPart("_ending")
-    holdings: _OnPart[Holdings | None] = _OnPart("_ending")  # released after each notice
+    custody: _OnPart[Custody | None] = _OnPart("_ending")  # released after each notice
     leases: _OnPart[LeaseKeeper | None] = _OnPart("_ending")  # kept alive while a turn runs
 
     def __init__(
@@ -146,17 +146,17 @@ class TurnRunner:
         inflight: InflightCalls | None = None,
         listener: CancelListener | None = None,
         clock: Callable[[], float] = time.time,
-        holdings: Holdings | None = None,
+        custody: Custody | None = None,
         observer: TurnObserver | None = None,
         leases: LeaseKeeper | None = None,
-        chain: TurnChain | None = None,
+        follow_on: FollowOn | None = None,
     ) -> None:
         inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
         self._carrier = CommandCarrier(tools, inflight, listener, clock)
-        self._ending = TurnEnding(feed, worker, holdings, leases)
+        self._ending = TurnEnding(feed, worker, custody, leases)
         self.store = store
         self.observer = observer or TurnObserver()
-        self.chain = chain  # None: every READY turn goes back to a router
+        self.follow_on = follow_on  # None: every READY turn goes back to a router
         self._providers: dict[str, str] = {}  # agent -> provider label of its model calls
         self._lock = threading.Lock()
         self._delays_ms: list[float] = []
@@ -168,7 +168,7 @@ class TurnRunner:
     def run(self, msg: TurnMessage, *, redelivered: bool = False) -> TurnReport:
         """Carry one turn through (see the module docstring); never raises for bad input.
 
-        With a :class:`~worker.chain.TurnChain`, the turns it admits here follow in the same
+        With a :class:`~worker.follow_on.FollowOn`, the turns it admits here follow in the same
         call; the report is the last turn's.
         """
         task_began = time.monotonic()
@@ -191,8 +191,8 @@ class TurnRunner:
     # --- one turn ------------------------------------------------------------------------------
 
     def _turn(
-        self, msg: TurnMessage, redelivered: bool, held: _Chained | None, task_began: float
-    ) -> tuple[TurnReport, _Chained | None]:
+        self, msg: TurnMessage, redelivered: bool, held: _FollowOn | None, task_began: float
+    ) -> tuple[TurnReport, _FollowOn | None]:
         """Run one turn and account for it; whatever goes wrong still ends in one notice."""
         began, started = time.perf_counter(), self.clock()
         with self._lock:
@@ -201,7 +201,7 @@ class TurnRunner:
             if msg.admitted_at > 0:
                 self._delays_ms.append(max(started - msg.admitted_at, 0.0) * 1000.0)
         self._ending.keep_lease(msg)
-        nxt: _Chained | None = None
+        nxt: _FollowOn | None = None
         try:
             report, nxt = self._run(msg, redelivered, held, task_began)
         except Ignored as why:
@@ -238,8 +238,8 @@ class TurnRunner:
         return report, nxt
 
     def _run(
-        self, msg: TurnMessage, redelivered: bool, held: _Chained | None, task_began: float
-    ) -> tuple[TurnReport, _Chained | None]:
+        self, msg: TurnMessage, redelivered: bool, held: _FollowOn | None, task_began: float
+    ) -> tuple[TurnReport, _FollowOn | None]:
         turn = self._start(msg, redelivered) if held is None else _resumed(held)
         end = self._carry_out(turn)
         rec = end.rec
@@ -301,27 +301,27 @@ class TurnRunner:
 
     def _hand_over(
         self, msg: TurnMessage, end: _Ended, ctx: KernelContext, task_began: float
-    ) -> _Chained | None:
-        """A turn ended READY: admit its successor here (:mod:`worker.chain`), or push the
+    ) -> _FollowOn | None:
+        """A turn ended READY: admit its successor here (:mod:`worker.follow_on`), or push the
         READY notice that has a router requeue it."""
         rec, used = end.rec, end.used_tokens
         notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
-        chain = self.chain
-        if chain is None or not chain.may_chain(msg, task_began):
+        follow_on = self.follow_on
+        if follow_on is None or not follow_on.may_follow_on(msg, task_began):
             self._ending.notify(msg, notice, used)
             return None
         self._ending.let_go(msg)
         try:
-            admitted = chain.admit(rec, msg, notice, ctx, used)
+            admitted = follow_on.admit(rec, msg, notice, ctx, used)
         except Exception:  # nothing settled: the notice carries the lease to a router
-            log.exception("could not chain the next turn of %s", rec.trajectory_id)
+            log.exception("could not admit the follow-on turn of %s", rec.trajectory_id)
             self._ending.notify(msg, notice, used)
             return None
         if admitted is None:
             self._ending.notify(replace(msg, lease=""), notice, used)  # the lease is settled
             return None
         result, nxt = admitted
-        return _Chained(nxt, result.record, ctx, tuple(result.commands))
+        return _FollowOn(nxt, result.record, ctx, tuple(result.commands))
 
     def _commit(
         self, rec: TrajectoryRecord, event: Event, ctx: KernelContext
@@ -346,7 +346,7 @@ class TurnRunner:
         return found
 
 
-def _resumed(held: _Chained) -> _Started:
+def _resumed(held: _FollowOn) -> _Started:
     """A turn admitted here: the record its admission committed, the admission's commands."""
     return _Started(held.rec, held.ctx, held.rec.record_version, deque(held.commands))
 

@@ -1,9 +1,9 @@
-"""How a turn leaves this worker: its one notice, or its hand-back, and then the holding.
+"""How a turn leaves this worker: its one notice, or its hand-back, and then its custody entry.
 
 Each message ends in exactly one notice or one hand-back. The gate lease is let go first (the
 router settles it from the notice, or the member the turn goes to keeps it), and the turn is
-released from this worker's holdings after it, only if they still name the version carried
-out. Failures are logged, never raised: the feed is a hint, and a holding that is kept is
+released from this worker's custody after it, only if they still name the version carried
+out. Failures are logged, never raised: the feed is a hint, and a custody entry that is kept is
 recovered by the router's reconciler. See docs/adr/0040-turn-runner.md.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from router.custody import Custody
 from router.feed import Feed, HandBack, HandBackWhy, Notice, TurnMessage
-from router.reconcile import Holdings
 from worker.leases import LeaseKeeper
 
 log = logging.getLogger("reins.worker.turn")
@@ -21,17 +21,17 @@ NO_USAGE = -1  # Notice.used_tokens when the turn saw no usage
 
 
 class TurnEnding:
-    """Pushes a worker's notices and hand-backs and releases its holdings; thread-safe."""
+    """Pushes a worker's notices and hand-backs and releases its custody; thread-safe."""
 
     def __init__(
         self,
         feed: Feed,
         worker: str,
-        holdings: Holdings | None,
+        custody: Custody | None,
         leases: LeaseKeeper | None,
     ) -> None:
         self.feed, self.worker = feed, worker
-        self.holdings = holdings  # None: nothing is held (no reconciler recovers this worker)
+        self.custody = custody  # None: nothing is held (no reconciler recovers this worker)
         self.leases = leases  # None: gate leases are not kept alive here
 
     def keep_lease(self, msg: TurnMessage) -> None:
@@ -46,26 +46,26 @@ class TurnEnding:
 
     def notify(self, msg: TurnMessage, notice: Notice, used_tokens: int = NO_USAGE) -> None:
         """Push the turn's one notice, carrying the gate lease back to the router, and release
-        the holding in the same round trip."""
+        the custody entry in the same round trip."""
         self.let_go(msg)  # the router settles the lease on the notice: renew it no more
         if msg.lease or used_tokens >= 0:
             notice = replace(
                 notice, lease=msg.lease, lease_route=msg.route, used_tokens=used_tokens
             )
         pipe = self.feed.batch()  # the notice, then the release: one round trip
-        holding = (self.worker, msg.tenant, msg.trajectory_id, msg.version)
+        entry = (self.worker, msg.tenant, msg.trajectory_id, msg.version)
         try:
             self.feed.push(notice, pipeline=pipe)
-            if self.holdings is not None:
-                self.holdings.release(*holding, pipeline=pipe)
+            if self.custody is not None:
+                self.custody.release(*entry, pipeline=pipe)
             replies = pipe.execute(raise_on_error=False)
             if isinstance(replies[0], Exception):
                 raise replies[0]
-            if self.holdings is not None:
-                self.holdings.released_on(replies[-1], *holding)
-        except Exception:  # the feed is a hint; a kept holding is one the turn moved past
+            if self.custody is not None:
+                self.custody.released_on(replies[-1], *entry)
+        except Exception:  # the feed is a hint; a kept entry is one the turn moved past
             log.exception(
-                "could not push the notice of %s (or release its holding)", msg.trajectory_id
+                "could not push the notice of %s (or release its custody entry)", msg.trajectory_id
             )
 
     def hand_back(self, msg: TurnMessage, why: HandBackWhy) -> None:
@@ -75,15 +75,15 @@ class TurnEnding:
         refused = msg.refused_by + ((self.worker,) if why is HandBackWhy.SCHEMA else ())
         try:
             self.feed.hand_back(HandBack(self.worker, why, replace(msg, refused_by=refused)))
-        except Exception:  # kept in the holdings: recovered if this member goes away
+        except Exception:  # kept in the custody: recovered if this member goes away
             log.exception("could not hand back the turn of %s", msg.trajectory_id)
             return
         self.release(msg)
 
     def release(self, msg: TurnMessage) -> None:
-        """Release the holding of ``msg``'s version, if this worker keeps holdings."""
-        if self.holdings is not None:
-            try:  # after the notice: a lost release only leaves a holding the turn moved past
-                self.holdings.release(self.worker, msg.tenant, msg.trajectory_id, msg.version)
+        """Release the custody entry of ``msg``'s version, if this worker keeps custody."""
+        if self.custody is not None:
+            try:  # after the notice: a lost release only leaves an entry the turn moved past
+                self.custody.release(self.worker, msg.tenant, msg.trajectory_id, msg.version)
             except Exception:
-                log.exception("could not release the holding of %s", msg.trajectory_id)
+                log.exception("could not release the custody entry of %s", msg.trajectory_id)

@@ -174,8 +174,8 @@ def _phases(
         "p99_admission_to_start_ms_saturated": round(
             statistics.median(f["p99_start_ms"] for f in fasts), 2
         ),
-        "chained_share": round(statistics.median(f["chained"] for f in fasts), 3),
-        "chained_share_latency": round(slow["chained"], 3),
+        "follow_on_share": round(statistics.median(f["follow_on"] for f in fasts), 3),
+        "follow_on_share_latency": round(slow["follow_on"], 3),
         "unfinished": sum(f["unfinished"] for f in fasts) + slow["unfinished"],
         "worker_cpu_ms_per_noop": round(noop_cpu * 1000 / (noops * rounds), 3),
         "redis_cpu_ms_per_noop": round(noop_redis_cpu * 1000 / (noops * rounds), 3),
@@ -266,7 +266,7 @@ def _phase(
         "steps": sum(r.turn for r in records),
         "rate": (len(at) * 0.8) / max(hi - lo, 1e-9),
         "overall": sum(r.turn for r in records) / max(end - begin, 1e-9),
-        "chained": sum(1 for a in admissions if a["r"] in WORKERS) / max(len(admissions), 1),
+        "follow_on": sum(1 for a in admissions if a["r"] in WORKERS) / max(len(admissions), 1),
         "p99_start_ms": _quantile(delays, 0.99),
         "p50_start_ms": _quantile(delays, 0.50),
         "unfinished": sum(

@@ -84,7 +84,7 @@ end
 -- made the lease id just now (a claim id), so it cannot hold a debit already.
 -- Returns ok (1/0), reason, the requests, tokens and leases counted after the debit (before, if
 -- refused), and the limits rpm, tpm, concurrency. A lease id that already holds a live debit is
--- not debited twice (ok, 'held').
+-- not debited twice (ok, 'repeat').
 local function gate_try(route, lease, tokens, now, fresh)
   local g, log, amt, ls = gate_keys(route)
   local c = gate_seen[route]
@@ -101,7 +101,7 @@ local function gate_try(route, lease, tokens, now, fresh)
   if not fresh and redis.call('ZSCORE', log, lease) then
     if redis.call('ZSCORE', ls, lease) then
       local req, tok, conc = gate_counters(g, log, ls)
-      return 1, 'held', req, tok, conc, c.rpm, c.tpm, c.cl
+      return 1, 'repeat', req, tok, conc, c.rpm, c.tpm, c.cl
     end
     gate_release(route, lease) -- a lapsed debit under this id is replaced, not added to
     c.req = nil

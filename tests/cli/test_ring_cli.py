@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from kernel.errors import StoreError
 from ops.cli_ring import ring_app
 from ops.ring_view import MemberRow, Recovery, ShownState, member_rows
+from router.custody import Custody
 from router.membership import DrainStatus, MemberRecord, Membership, ReplicaRing
-from router.reconcile import Holdings
 from router.ring import Member, Ring
 from tests.conftest import REDIS_URL
 
@@ -39,7 +39,7 @@ def lapse(client: redis.Redis, prefix: str, member: str, seconds: float = 60.0) 
     client.hset(Membership(client, prefix).members_key, f"hb:{member}", repr(now - seconds))
 
 
-def hold(holdings: Holdings, member: str, *trajectories: str) -> None:
+def hold(custody: Custody, member: str, *trajectories: str) -> None:
     """Record that the router sent one turn of each trajectory to ``member``."""
     for tid in trajectories:
         payload = {
@@ -49,17 +49,17 @@ def hold(holdings: Holdings, member: str, *trajectories: str) -> None:
             "epoch": 0,
             "commands": [{"call_id": f"{tid}/m1"}],
         }
-        holdings.note(member, payload)
-    holdings.flush()
+        custody.note(member, payload)
+    custody.flush()
 
 
-def recovered(holdings: Holdings, member: str, *since: float | None) -> None:
+def recovered(custody: Custody, member: str, *since: float | None) -> None:
     """The reconciler's part: take every holding of ``member`` and record one recovery each."""
-    taken = holdings.held(member)
+    taken = custody.entrusted_to(member)
     assert len(taken) == len(since)
-    assert all(holdings.take(member, h) for h in taken)
-    holdings.forget(member)
-    holdings.record_recoveries(
+    assert all(custody.take(member, h) for h in taken)
+    custody.forget(member)
+    custody.record_recoveries(
         [
             {
                 "member": member,
@@ -88,7 +88,7 @@ def row_of(table: str, name: str) -> str:
 @pytest.mark.usefixtures("cli_env")
 def test_show_follows_a_drain_and_a_crash(redis_client: redis.Redis, key_prefix: str) -> None:
     workers = Membership(redis_client, key_prefix)  # the CLI's own clock: Redis time
-    holdings = Holdings(redis_client, key_prefix)
+    custody = Custody(redis_client, key_prefix)
     for name in ("w1", "w2", "w3", "w4", "w5", "w6"):
         workers.register(name)
     workers.drain("w2")
@@ -96,17 +96,17 @@ def test_show_follows_a_drain_and_a_crash(redis_client: redis.Redis, key_prefix:
     workers.drain("w3")
     lapse(redis_client, key_prefix, "w4")
     ReplicaRing(workers, "router-a").refresh()  # sees both drains and w4 out of the ring
-    hold(holdings, "w1", "t-1")
+    hold(custody, "w1", "t-1")
     # w4 died holding three turns; the reconciler has recovered one so far.
-    hold(holdings, "w4", "t-2")
-    recovered(holdings, "w4", 61.5)
-    hold(holdings, "w4", "t-3", "t-4")
+    hold(custody, "w4", "t-2")
+    recovered(custody, "w4", 61.5)
+    hold(custody, "w4", "t-3", "t-4")
     # w5 was SIGKILLed holding a turn and removed before the reconciler got to it.
-    hold(holdings, "w5", "t-5")
+    hold(custody, "w5", "t-5")
     workers.remove("w5")
     # w6 was SIGKILLed and removed; all three of its turns were recovered.
-    hold(holdings, "w6", "t-6", "t-7", "t-8")
-    recovered(holdings, "w6", 7.25, 9.5, None)
+    hold(custody, "w6", "t-6", "t-7", "t-8")
+    recovered(custody, "w6", 7.25, 9.5, None)
     workers.remove("w6")
 
     view = json.loads(show("--json"))
@@ -120,7 +120,9 @@ def test_show_follows_a_drain_and_a_crash(redis_client: redis.Redis, key_prefix:
         "w5": "gone",
         "w6": "gone",
     }
-    counts = {n: (m["held"], m["recovered"], m["worst_recovery_s"]) for n, m in members.items()}
+    counts = {
+        n: (m["in_custody"], m["recovered"], m["worst_recovery_s"]) for n, m in members.items()
+    }
     assert counts == {
         "w1": (1, 0, None),
         "w2": (0, 0, None),
@@ -187,11 +189,11 @@ def test_an_empty_fleet_says_so() -> None:
 def test_a_corrupt_recovery_is_reported_not_skipped(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    holdings = Holdings(redis_client, key_prefix)
-    redis_client.rpush(holdings.recoveries_key, json.dumps({"trajectory_id": "t-1"}))
+    custody = Custody(redis_client, key_prefix)
+    redis_client.rpush(custody.recoveries_key, json.dumps({"trajectory_id": "t-1"}))
     result = CliRunner().invoke(ring_app, ["show"])
     assert isinstance(result.exception, StoreError)
-    assert holdings.recoveries_key in str(result.exception)
+    assert custody.recoveries_key in str(result.exception)
     assert "not a recovery entry" in str(result.exception)
 
 
@@ -225,14 +227,14 @@ def record(
 def rows(
     records: list[MemberRecord],
     drains: dict[str, DrainStatus] | None = None,
-    held: dict[str, int] | None = None,
+    in_custody: dict[str, int] | None = None,
     recoveries: list[Recovery] | None = None,
 ) -> dict[str, MemberRow]:
     ring = Ring(
         [r.as_member() for r in records if r.live],
         points_per_weight=8,
     )
-    out = member_rows(records, ring, drains or {}, held or {}, recoveries or [], NOW)
+    out = member_rows(records, ring, drains or {}, in_custody or {}, recoveries or [], NOW)
     return {row.name: row for row in out}
 
 
@@ -286,7 +288,7 @@ def test_view_of_dead_members_and_their_recoveries() -> None:
             record("lapsed", beat=NOW - 42.4, live=False),
             record("never", beat=-math.inf, live=False),
         ],
-        held={"lapsed": 4, "gone": 1},
+        in_custody={"lapsed": 4, "gone": 1},
         recoveries=[
             Recovery("lapsed", 43.0),
             Recovery("lapsed", None),
@@ -297,7 +299,7 @@ def test_view_of_dead_members_and_their_recoveries() -> None:
     assert out["beats"].describe() == "active" and out["beats"].heartbeat_age_s == 2.0
     lapsed = out["lapsed"]
     assert lapsed.describe() == "dead (lapsed 42s ago)"
-    assert (lapsed.held, lapsed.recovered, lapsed.worst_recovery_s) == (4, 3, 44.5)
+    assert (lapsed.in_custody, lapsed.recovered, lapsed.worst_recovery_s) == (4, 3, 44.5)
     assert (lapsed.points, lapsed.share) == (0, 0.0)
     never = out["never"]
     assert never.describe() == "dead (no heartbeat)" and never.heartbeat_age_s is None
@@ -321,7 +323,7 @@ def test_view_json_keeps_the_existing_keys() -> None:
         "heartbeat_age_s": 0.0,
         "drain_acknowledged": None,
         "drain_pending": [],
-        "held": 0,
+        "in_custody": 0,
         "recovered": 0,
         "worst_recovery_s": None,
     }

@@ -20,16 +20,16 @@ from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.tools import ToolBackend
 from router.agents import AgentCache
+from router.custody import Custody
 from router.feed import TurnMessage
 from router.gates import GateConfig
 from router.membership import Membership
 from router.observe import RouterObserver
-from router.reconcile import Holdings
 from router.redis_gates import RedisGates
 from router.service import AdmitterKind, RouterOptions, RouterService
 from tests.conftest import REDIS_URL
-from worker.chain import TurnChain
 from worker.fleet_agents import ModelOverrides, TurnTools
+from worker.follow_on import FollowOn
 from worker.turn import TurnObserver, TurnReport, TurnRunner
 
 AGENT = "examples.support_store:agent_lookup"
@@ -91,7 +91,7 @@ class InProcessFleet:
         admitter: str = "redis",
         gates_file: str = "",
         observer: _Observer | None = None,
-        chain_turns: int | None = None,
+        follow_on_turns: int | None = None,
     ) -> None:
         self.client, self.prefix = client, prefix
         env = {
@@ -99,8 +99,8 @@ class InProcessFleet:
             "REINS_REDIS_URL": REDIS_URL,
             "REINS_TENANTS_FILE": str(tenants_file),
         }
-        if chain_turns is not None:
-            env["REINS_CHAIN_TURNS"] = str(chain_turns)
+        if follow_on_turns is not None:
+            env["REINS_FOLLOW_ON_TURNS"] = str(follow_on_turns)
         self.settings = Settings.from_env(env)
         self.sent: list[tuple[str, dict[str, Any]]] = []
         options = RouterOptions(
@@ -125,29 +125,29 @@ class InProcessFleet:
         self.backend = SupportStoreBackend(self.state)
         tools = TurnTools(AgentCache(), {}, ModelOverrides(scripted_latency_s=0.0), self._backend)
         self.draining = False
-        self.holdings = Holdings(client, prefix)
-        self.chain = None
-        if chain_turns is not None:  # the worker chains turns (worker.chain), as in a fleet
-            self.chain = TurnChain.configured(
+        self.custody = Custody(client, prefix)
+        self.follow_on = None
+        if follow_on_turns is not None:  # follow-on turns (worker.follow_on), as in a fleet
+            self.follow_on = FollowOn.configured(
                 self.settings,
                 worker="w1",
                 client=client,
                 store=self.store,
                 gates=RedisGates(client, GateConfig(routes={}), prefix=prefix),
-                holdings=self.holdings,
+                custody=self.custody,
                 feed=self.feed,
                 draining=lambda: self.draining,
                 observer=observer,
             )
-            assert self.chain is not None
+            assert self.follow_on is not None
         self.runner = TurnRunner(
             store=self.store,
             tools=tools,
             feed=self.feed,
             worker="w1",
             observer=observer,
-            holdings=self.holdings if self.chain is not None else None,
-            chain=self.chain,
+            custody=self.custody if self.follow_on is not None else None,
+            follow_on=self.follow_on,
         )
         self.reports: list[TurnReport] = []
 

@@ -32,5 +32,5 @@ def test_quick_run_reports_every_figure(redis_client: redis.Redis) -> None:
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (name, value)
     assert result["unfinished"] == 0 and result["workers"] == 2 and result["routers"] == 2
     assert result["latency_concurrent_trajectories"] == 200
-    assert 0 <= result["chained_share"] <= 1 and 0 <= result["chained_share_latency"] <= 1
+    assert 0 <= result["follow_on_share"] <= 1 and 0 <= result["follow_on_share_latency"] <= 1
     assert not list(redis_client.scan_iter(match="reins-bench-*", count=1000)), "keys cleaned"

@@ -24,7 +24,7 @@ from examples.support_store.state import RedisState
 from kernel.record import TrajectoryRecord
 from kernel.states import TERMINAL, StopReason
 from ops.fleet_local import LocalFleet
-from router.reconcile import Holdings
+from router.custody import Custody
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds
@@ -62,7 +62,7 @@ class Run:
         self.client, self.prefix = client, prefix
         self.fleet = LocalFleet(self.env, log_dir, client)
         self.store = RedisStore(client, prefix=prefix)
-        self.holdings = Holdings(client, prefix)
+        self.custody = Custody(client, prefix)
         self.ids: list[tuple[str, str]] = []
 
     def submit(self) -> None:
@@ -89,12 +89,12 @@ def test_a_worker_killed_with_50_turns_in_flight_loses_nothing(
         held: list[int] = []
 
         def w2_busy() -> bool:
-            held[:] = [len(crash.holdings.held("w2"))]
+            held[:] = [len(crash.custody.entrusted_to("w2"))]
             return held[0] >= IN_FLIGHT_AT_KILL
 
         wait_for(w2_busy, 60, f"w2 to hold {IN_FLIGHT_AT_KILL} turns", every_s=0.05)
-        in_flight = len(crash.holdings.held("w1")) + held[0]
-        stranded = {h.trajectory_id for h in crash.holdings.held("w2")}
+        in_flight = len(crash.custody.entrusted_to("w1")) + held[0]
+        stranded = {h.trajectory_id for h in crash.custody.entrusted_to("w2")}
         crash.fleet.kill("w2")  # SIGKILL: no drain, no deregistration, no notice
         print(f"\nw2 SIGKILLed holding {held[0]} turns ({in_flight} in flight in all)")
 
@@ -109,7 +109,7 @@ def test_a_worker_killed_with_50_turns_in_flight_loses_nothing(
         print(f"stops with the crash {dict(stops)}; without {dict(calm_stops)}")
         assert len(done) == calm_stops["done"], (stops, calm_stops)
 
-        recoveries = crash.holdings.recoveries()
+        recoveries = crash.custody.recoveries()
         recovered = {e["trajectory_id"] for e in recoveries}
         assert recovered, "the reconciler recovered the dead worker's turns"
         assert {e["member"] for e in recoveries} == {"w2"} and {e["by"] for e in recoveries} == {

@@ -83,8 +83,8 @@ def test_weighted_admission_shares_the_gate_by_weight_and_survives_a_worker_deat
     assert counted >= 600, "shares are measured over most of the run"
     assert largest_gap_pp(measured) <= BAND_PP, (measured, weight_shares())
     assert {"r1", "r2"} <= set(routers), "both routers admitted from the shared queues"
-    # Workers admit only the turns they chain (worker.chain): under a gate kept busy, the
-    # calls queued ahead come first, so nearly every turn goes through a router.
+    # Workers admit only follow-on turns that overtake nobody (worker.follow_on): under a gate
+    # kept busy, the calls queued ahead come first, so nearly every turn goes through a router.
     assert set(routers) <= {"r1", "r2", "w1", "w2"}, routers
 
     effects = effects_by_order(RedisState(redis_client, key_prefix, seed=False).effects())

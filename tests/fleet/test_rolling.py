@@ -27,9 +27,9 @@ from examples.support_store.state import RedisState
 from kernel.record import OpStatus, TrajectoryRecord
 from kernel.states import StopReason
 from ops.fleet_local import LocalFleet
+from router.custody import Custody
 from router.feed import Feed
 from router.membership import Membership
-from router.reconcile import Holdings
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import refund_job, seed_orders
@@ -96,11 +96,11 @@ def test_a_rolling_drain_under_load_loses_nothing_and_duplicates_nothing(
     env = {**fleet_env, **SLOW_MODEL}
     start(local_fleet, env=SLOW_MODEL)
     ids = submit(env, redis_client, key_prefix, 2000, 120)
-    holdings = Holdings(redis_client, key_prefix)
+    custody = Custody(redis_client, key_prefix)
     for member in ("w1", "w2"):
 
         def busy(m: str = member) -> bool:
-            return len(holdings.held(m)) >= 8
+            return len(custody.entrusted_to(m)) >= 8
 
         wait_for(busy, 60, f"{member} to hold 8 turns")
         if member == "w1":
@@ -112,13 +112,13 @@ def test_a_rolling_drain_under_load_loses_nothing_and_duplicates_nothing(
         log = local_fleet.log(member)
         assert f"drain of {member} acknowledged by" in log
         assert "after the drain was acknowledged" not in log
-        assert holdings.held(member) == [], "every turn it held finished or was handed back"
+        assert custody.entrusted_to(member) == [], "every turn it held finished or was handed back"
         local_fleet.start("worker", member, "--backend", BACKEND, env=SLOW_MODEL)
         local_fleet.wait_ready(["w1", "w2"], ["r1", "r2"])
 
     wait_all_ended(RedisStore(redis_client, prefix=key_prefix), ids, 120, local_fleet)
     nothing_lost_or_duplicated(redis_client, key_prefix, ids)
-    assert holdings.recoveries() == [], "the drains left nothing for the reconciler"
+    assert custody.recoveries() == [], "the drains left nothing for the reconciler"
     codes = stop_all(local_fleet)
     assert set(codes.values()) == {0}, codes
 
@@ -135,20 +135,20 @@ def test_a_drain_whose_grace_runs_out_hands_queued_turns_back_under_the_same_cal
     start(local_fleet, env={**w1_env, "REINS_DRAIN_GRACE_S": "0.5"}, workers=("w1",))
     local_fleet.wait_ready(["w1", "w2"], ["r1", "r2"])
     ids = submit({**fleet_env, **w1_env}, redis_client, key_prefix, 3000, 40)
-    holdings = Holdings(redis_client, key_prefix)
-    wait_for(lambda: len(holdings.held("w1")) >= 10, 60, "w1 to hold a backlog")
+    custody = Custody(redis_client, key_prefix)
+    wait_for(lambda: len(custody.entrusted_to("w1")) >= 10, 60, "w1 to hold a backlog")
 
     assert local_fleet.stop("w1") == 0, local_fleet.log("w1")[-3000:]
     log = local_fleet.log("w1")
     assert "drain grace of w1 ran out" in log
     assert "'handed back': " in log, log[-3000:]
-    assert holdings.held("w1") == []
+    assert custody.entrusted_to("w1") == []
     routers = local_fleet.log("r1") + local_fleet.log("r2")
     assert "handed back by w1 (draining) sent on to w2" in routers
 
     wait_all_ended(RedisStore(redis_client, prefix=key_prefix), ids, 150, local_fleet)
     nothing_lost_or_duplicated(redis_client, key_prefix, ids)
-    assert holdings.recoveries() == []
+    assert custody.recoveries() == []
     codes = stop_all(local_fleet)
     assert set(codes.values()) == {0}, codes
 

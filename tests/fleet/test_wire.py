@@ -33,7 +33,7 @@ def test_a_malformed_notice_is_refused(raw: bytes) -> None:
 
 
 def test_a_turn_message_round_trips_with_its_commands() -> None:
-    msg = TurnMessage("acme", "t", 3, 1, (CALL, TOOL), 12.5, "r1", "c4", "p/m", chain=5)
+    msg = TurnMessage("acme", "t", 3, 1, (CALL, TOOL), 12.5, "r1", "c4", "p/m", follow_on=5)
     assert TurnMessage.from_payload(msg.to_payload()) == msg
     assert msg.call_id == "t/m1"
 
@@ -51,8 +51,8 @@ def test_a_turn_message_round_trips_with_its_commands() -> None:
             "commands": [{"type": "finish"}],
         },
         "not a mapping",
-        {"tenant": "a", "trajectory_id": "t", "version": 1, "epoch": 0, "chain": -1},
-        {"tenant": "a", "trajectory_id": "t", "version": 1, "epoch": 0, "chain": "many"},
+        {"tenant": "a", "trajectory_id": "t", "version": 1, "epoch": 0, "follow_on": -1},
+        {"tenant": "a", "trajectory_id": "t", "version": 1, "epoch": 0, "follow_on": "many"},
     ],
 )
 def test_a_malformed_turn_message_is_refused(payload: object) -> None:

@@ -76,7 +76,7 @@ def test_a_repeated_debit_under_one_lease_counts_once(make_gates: MakeGates) -> 
     gates = make_gates(limits(rpm=5))
     assert gates.debit(ROUTE, "a", 100).reason == "ok"
     again = gates.debit(ROUTE, "a", 100)
-    assert (again.ok, again.reason, again.requests, again.tokens) == (True, "held", 1, 100)
+    assert (again.ok, again.reason, again.requests, again.tokens) == (True, "repeat", 1, 100)
 
 
 def test_a_429_with_retry_after_pauses_the_route_for_that_long(

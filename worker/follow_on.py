@@ -1,12 +1,13 @@
-"""Chained turns: the worker that ended a turn READY admits the trajectory's next turn itself,
+"""Follow-on turns: the worker that ended a turn READY admits the trajectory's next turn itself,
 when the shared admitter would let that call overtake nobody.
 
-:meth:`TurnChain.admit` settles the ended turn's gate lease and claims the call in one script
-run in the shared admitter, steps ``Admit`` on the record in hand, writes the holding and
-commits the admission by compare-and-set in one round trip, then commits the claim; the caller
-runs the turn with the committed record. When the admitter or the store says no, the call stays
-READY at its queue head for a router. Only messages with a ``chain`` allowance chain, never on a
-draining worker, and not past half the visibility timeout. See docs/adr/0041-chained-turns.md.
+:meth:`FollowOn.admit` settles the ended turn's gate lease and claims the call in one script run in
+the shared admitter, steps ``Admit`` on the record in hand, records its custody of the turn and
+commits the admission by compare-and-set in one round trip, then commits the claim; the caller runs
+the turn with the committed record. When the admitter or the store says no, the call stays READY at
+its queue head for a router. Only messages with a ``follow_on`` allowance are continued here, never
+on a draining worker, and not past half the visibility timeout. See
+docs/adr/0041-follow-on-turns.md.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from kernel.settings import Settings
 from kernel.step import step
 from router.claims import Claim
 from router.commits import commit
+from router.custody import Custody
 from router.feed import Feed, Notice, TurnMessage, worker_commands
 from router.observe import AdmissionObserver
-from router.reconcile import Holdings
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
@@ -37,11 +38,11 @@ from store.base import prepare_commit
 from store.redis_client import direct_batch
 from store.redis_store import RedisStore
 
-log = logging.getLogger("reins.worker.chain")
+log = logging.getLogger("reins.worker.follow_on")
 REDEBIT_WAIT_S = (0.05, 1.0)  # first and longest wait between debits of a lapsed claim
 
 
-class TurnChain:
+class FollowOn:
     """Admits a worker's next turn of a trajectory; one per worker, used from many threads.
 
     Each call is independent: the admitter and gates objects send scripts over a connection
@@ -57,7 +58,7 @@ class TurnChain:
         store: RedisStore,
         admitter: RedisAdmitter,
         gates: RedisGates,
-        holdings: Holdings,
+        custody: Custody,
         feed: Feed,
         max_task_s: float,
         draining: Callable[[], bool],
@@ -66,10 +67,10 @@ class TurnChain:
     ) -> None:
         self.worker, self.store, self.admitter, self.gates = worker, store, admitter, gates
         self.client = client
-        self.holdings, self.feed, self.max_task_s = holdings, feed, max_task_s
+        self.custody, self.feed, self.max_task_s = custody, feed, max_task_s
         self.draining, self.clock = draining, clock
         self.observer = observer or AdmissionObserver()
-        self.chained = 0  # turns admitted here since start
+        self.admitted = 0  # follow-on turns admitted here since start
         self.passed = 0  # READY turns left to a router
         self._lock = threading.Lock()
 
@@ -82,20 +83,20 @@ class TurnChain:
         client: redis.Redis,
         store: RedisStore,
         gates: RedisGates,
-        holdings: Holdings,
+        custody: Custody,
         feed: Feed,
         draining: Callable[[], bool],
         observer: AdmissionObserver | None = None,
-    ) -> TurnChain | None:
-        """The chain of a worker with ``settings``: None when ``REINS_CHAIN_TURNS`` is 0, no
+    ) -> FollowOn | None:
+        """The chain of a worker with ``settings``: None when ``REINS_FOLLOW_ON_TURNS`` is 0, no
         tenant file is named, or the shared admitter holds another configuration (logged)."""
-        if settings.chain_turns <= 0 or not settings.tenants_file:
+        if settings.follow_on_turns <= 0 or not settings.tenants_file:
             return None
         try:
             config = AdmissionConfig.from_file(settings.tenants_file)
             admitter = RedisAdmitter(client, config, prefix=settings.key_prefix, gates=gates)
         except ReinsError as exc:
-            log.warning("%s chains no turns: %s", worker, exc)
+            log.warning("%s admits no follow-on turns: %s", worker, exc)
             return None
         return cls(
             worker=worker,
@@ -103,17 +104,17 @@ class TurnChain:
             store=store,
             admitter=admitter,
             gates=gates,
-            holdings=holdings,
+            custody=custody,
             feed=feed,
             max_task_s=settings.visibility_timeout_s / 2,
             draining=draining,
             observer=observer,
         )
 
-    def may_chain(self, msg: TurnMessage, task_began: float) -> bool:
+    def may_follow_on(self, msg: TurnMessage, task_began: float) -> bool:
         """True when this turn's successor may be admitted here (allowance, drain, time)."""
         return (
-            msg.chain > 0
+            msg.follow_on > 0
             and not self.draining()
             and time.monotonic() - task_began < self.max_task_s
         )
@@ -144,23 +145,23 @@ class TurnChain:
         result = step(rec, Admit(now=now), ctx)
         commands = worker_commands(result.commands)
         nxt = self._message(result.record, msg, claim.claim_id if commands else "", commands, now)
-        # Held before it commits, in the same round trip, so the reconciler finds the turn if
-        # this worker dies from then on.
-        holding = self.holdings.commands(self.worker, nxt) if commands else []
-        why = self._commit_admission(rec, result, ctx, holding)
+        # In custody before it commits, in the same round trip, so the reconciler finds the turn
+        # if this worker dies from then on.
+        custody = self.custody.commands(self.worker, nxt) if commands else []
+        why = self._commit_admission(rec, result, ctx, custody)
         if why:  # a router takes it from its queue head and decides afresh
-            log.info("declined chaining %s: %s", rec.trajectory_id, why)
-            if holding and result.record is not rec:
-                self.holdings.release(self.worker, rec.tenant, rec.trajectory_id, nxt.version)
+            log.info("declined a follow-on turn of %s: %s", rec.trajectory_id, why)
+            if custody and result.record is not rec:
+                self.custody.release(self.worker, rec.tenant, rec.trajectory_id, nxt.version)
             self._decline(claim)
             self._count(passed=1)
             return None
         if not commands:  # the kernel ended the run or held it at admission: no turn to run
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
-            self.holdings.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
+            self.custody.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
         self._commit_claim(claim, now)
-        self._count(chained=1)
+        self._count(admitted=1)
         return result, nxt
 
     def _commit_admission(
@@ -168,10 +169,10 @@ class TurnChain:
         rec: TrajectoryRecord,
         result: StepResult,
         ctx: KernelContext,
-        holding: list[tuple[str, ...]],
+        custody: list[tuple[str, ...]],
     ) -> str:
-        """Commit the admission ``result`` by compare-and-set, ``holding`` written first in the
-        same round trip; "" once committed, else why it was not."""
+        """Commit the admission ``result`` by compare-and-set, its ``custody`` entry written first
+        in the same round trip; "" once committed, else why it was not."""
         if result.record is rec:
             return f"the kernel did not admit it ({result.note})"
         prepared = prepare_commit(result.record, rec.record_version, result.rows)
@@ -182,7 +183,7 @@ class TurnChain:
                 result,
                 self.observer,
                 ctx.agent.model.provider,
-                cas=lambda: self.store.apply(prepared, before=holding),
+                cas=lambda: self.store.apply(prepared, before=custody),
             )
         except (ConcurrentModification, ReinsError) as exc:
             return str(exc)
@@ -221,12 +222,12 @@ class TurnChain:
             lease=lease,
             route=msg.route,
             lease_ttl_s=msg.lease_ttl_s,
-            chain=msg.chain - 1,
+            follow_on=msg.follow_on - 1,
         )
 
-    def _count(self, *, chained: int = 0, passed: int = 0) -> None:
+    def _count(self, *, admitted: int = 0, passed: int = 0) -> None:
         with self._lock:
-            self.chained += chained
+            self.admitted += admitted
             self.passed += passed
 
     def _decline(self, claim: Claim) -> None:

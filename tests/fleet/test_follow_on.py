@@ -1,8 +1,8 @@
-"""Chained turns on the real Redis: the worker that ended a turn READY admits the next one
-itself when the shared admitter would pick it next (worker.chain).
+"""Follow-on turns on the real Redis: the worker that ended a turn READY admits the next one
+itself when the shared admitter would pick it next (worker.follow_on).
 
 In one process, without Celery: the router's sender collects turn messages and the test hands
-them to the turn runner, whose chain admits the following turns in the same call.
+them to the turn runner, which admits the follow-on turns in the same call.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.fleet.conftest import ROUTE
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.fleet.processes import effects_by_order, order_of
 from tests.support import ManualClock
-from worker import chain as chain_module
+from worker import follow_on as follow_on_module
 
 pytestmark = pytest.mark.redis
 
@@ -42,7 +42,7 @@ def test_an_uncontended_trajectory_runs_every_turn_from_one_message(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
     fleet = InProcessFleet(
-        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), chain_turns=16
+        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), follow_on_turns=16
     )
     oid = seed_orders(redis_client, key_prefix, 2100, 1)[0]
     tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
@@ -55,17 +55,17 @@ def test_an_uncontended_trajectory_runs_every_turn_from_one_message(
     assert effects[order_of(rec)] == Counter(refund=1, email=1)
     admitter: Any = fleet.service.dispatcher.admitter
     assert sum(n for n, _ in admitter.admitted()) == rec.turn, "every admission in the books"
-    assert fleet.holdings.held("w1") == [], "the last turn's holding was released"
+    assert fleet.custody.entrusted_to("w1") == [], "the last turn's holding was released"
     gates = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
     reading = gates.reading(ROUTE)
     assert reading.leases == 0, "every turn's gate lease was settled"
     assert reading.requests == rec.turn, "one debit per model call"
 
 
-def test_a_message_chains_at_most_its_allowance(
+def test_a_message_allows_at_most_its_follow_on_turns(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path
 ) -> None:
-    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=1)
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, follow_on_turns=1)
     oid = seed_orders(redis_client, key_prefix, 2200, 1)[0]
     tid = fleet.api.submit("globex", refund_job(oid)).trajectory_id
     messages = fleet.run_until_quiet()
@@ -75,42 +75,44 @@ def test_a_message_chains_at_most_its_allowance(
     assert admitted_by(fleet) == Counter(r1=messages, w1=rec.turn - messages)
 
 
-def test_routers_with_a_local_admitter_let_no_worker_chain(
+def test_routers_with_a_local_admitter_allow_no_follow_on_turn(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path
 ) -> None:
-    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, admitter="fifo", chain_turns=16)
+    fleet = InProcessFleet(
+        redis_client, key_prefix, tenants_file, admitter="fifo", follow_on_turns=16
+    )
     oid = seed_orders(redis_client, key_prefix, 2300, 1)[0]
     tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
     fleet.cycle()
     (msg,) = fleet.take()
-    assert msg.chain == 0, "only the shared admitter's order may be kept by a worker"
+    assert msg.follow_on == 0, "only the shared admitter's order may be kept by a worker"
     fleet.runner.run(msg)
     messages = fleet.run_until_quiet()
     rec = fleet.load("acme", tid)
     assert rec.stop_reason is StopReason.DONE and messages + 1 == rec.turn
 
 
-def test_a_draining_worker_chains_nothing(
+def test_a_draining_worker_admits_no_follow_on_turn(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path
 ) -> None:
-    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, follow_on_turns=16)
     fleet.draining = True
     oid = seed_orders(redis_client, key_prefix, 2400, 1)[0]
     tid = fleet.api.submit("initech", refund_job(oid)).trajectory_id
     messages = fleet.run_until_quiet()
     assert messages == fleet.load("initech", tid).turn
-    assert fleet.chain is not None and fleet.chain.chained == 0
+    assert fleet.follow_on is not None and fleet.follow_on.admitted == 0
 
 
-def test_a_pause_that_lands_before_the_chained_admission_wins(
+def test_a_pause_that_lands_before_the_follow_on_admission_wins(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path
 ) -> None:
-    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
-    chain = fleet.chain
-    assert chain is not None
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, follow_on_turns=16)
+    follow_on = fleet.follow_on
+    assert follow_on is not None
     oid = seed_orders(redis_client, key_prefix, 2500, 1)[0]
     tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
-    admit = chain.admit
+    admit = follow_on.admit
     paused: list[int] = []
 
     def pause_first(*args: Any) -> Any:  # an operator's pause lands between the two commits
@@ -119,7 +121,7 @@ def test_a_pause_that_lands_before_the_chained_admission_wins(
             paused.append(fleet.load("acme", tid).turn)
         return admit(*args)
 
-    chain.admit = pause_first  # type: ignore[method-assign]
+    follow_on.admit = pause_first  # type: ignore[method-assign]
     fleet.cycle()
     (msg,) = fleet.take()
     report = fleet.runner.run(msg)
@@ -128,14 +130,14 @@ def test_a_pause_that_lands_before_the_chained_admission_wins(
     rec = fleet.load("acme", tid)
     assert rec.state is LifecycleState.PAUSED
     assert rec.turn == paused[0] == 1, "no model call after the pause"
-    assert chain.chained == 0 and chain.passed == 1
+    assert follow_on.admitted == 0 and follow_on.passed == 1
     assert admitted_by(fleet) == Counter(r1=1)
-    assert fleet.holdings.held("w1") == [], "the holding written for the lost admission went"
+    assert fleet.custody.entrusted_to("w1") == [], "the holding written for the lost admission went"
     admitter: Any = fleet.service.dispatcher.admitter
     assert not admitter.is_queued(tid), "the declined call was taken and withdrawn by a router"
 
 
-def test_a_chained_turn_is_held_with_its_admission(
+def test_a_follow_on_turn_is_held_with_its_admission(
     redis_client: redis.Redis,
     key_prefix: str,
     tenants_file: Path,
@@ -143,42 +145,42 @@ def test_a_chained_turn_is_held_with_its_admission(
 ) -> None:
     """The holding goes in the admission's round trip, ahead of its compare-and-set (the
     store's ``before``), so the reconciler finds every turn a dead worker admitted."""
-    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, follow_on_turns=16)
     oid = seed_orders(redis_client, key_prefix, 2600, 1)[0]
     tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
     seen: list[tuple[int, int, str]] = []
-    real_commit = chain_module.commit
+    real_commit = follow_on_module.commit
 
     def commit(store: Any, rec: Any, result: Any, *rest: Any, **kw: Any) -> None:
         real_commit(store, rec, result, *rest, **kw)
         if result.record.state is LifecycleState.CALLING_MODEL:  # an admission
-            (held,) = fleet.holdings.held("w1")
+            (held,) = fleet.custody.entrusted_to("w1")
             seen.append((held.version, result.record.record_version, held.call_id))
             assert held.call_id == f"{tid}/m{result.record.turn}"
 
-    monkeypatch.setattr(chain_module, "commit", commit)
+    monkeypatch.setattr(follow_on_module, "commit", commit)
     fleet.run_until_quiet()
     rec = fleet.load("acme", tid)
     assert rec.stop_reason is StopReason.DONE
-    assert len(seen) == rec.turn - 1, "every chained admission"
+    assert len(seen) == rec.turn - 1, "every follow-on admission"
     assert all(held == admitted for held, admitted, _ in seen), seen
 
 
-def test_a_run_that_cannot_continue_ends_at_its_chained_admission(
+def test_a_run_that_cannot_continue_ends_at_its_follow_on_admission(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path
 ) -> None:
-    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, chain_turns=16)
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, follow_on_turns=16)
     oid = seed_orders(redis_client, key_prefix, 2700, 1)[0]
     job = {**refund_job(oid), "budget": {"max_steps": 2}}
     tid = fleet.api.submit("acme", job).trajectory_id
     messages = fleet.run_until_quiet()
     rec = fleet.load("acme", tid)
     assert rec.state is LifecycleState.FAILED and rec.stop_reason is StopReason.MAX_STEPS
-    assert rec.turn == 2 and messages == 1, "the second turn chained; the third never began"
-    assert fleet.chain is not None and fleet.chain.chained == 1
+    assert rec.turn == 2 and messages == 1, "the second turn followed on; the third never began"
+    assert fleet.follow_on is not None and fleet.follow_on.admitted == 1
     admitter: Any = fleet.service.dispatcher.admitter
     assert not admitter.is_queued(tid), "the claim was withdrawn with its debit"
-    assert fleet.holdings.held("w1") == [], "no holding outlives the run"
+    assert fleet.custody.entrusted_to("w1") == [], "no holding outlives the run"
     assert admitted_by(fleet) == Counter(r1=1, w1=1)
 
 
@@ -186,10 +188,10 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
     fleet = InProcessFleet(
-        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), chain_turns=1
+        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), follow_on_turns=1
     )
-    chain = fleet.chain
-    assert chain is not None
+    follow_on = fleet.follow_on
+    assert follow_on is not None
     clock = ManualClock(time.time())
     gates = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
     admitter = RedisAdmitter(
@@ -199,7 +201,7 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
         gates=gates,
         clock=clock,
     )
-    chain.admitter = admitter
+    follow_on.admitter = admitter
     reaped: list[Any] = []
     commit_on = admitter.commit_on
 
@@ -216,7 +218,7 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
         debits.append(lease)
         return debit(route, lease, tokens)
 
-    chain.gates.debit = counted  # type: ignore[method-assign]
+    follow_on.gates.debit = counted  # type: ignore[method-assign]
     oid = seed_orders(redis_client, key_prefix, 2800, 1)[0]
     tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
     fleet.cycle()
@@ -225,5 +227,5 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
     assert len(reaped) == 1 and reaped[0].dropped == (tid,), "the reconciler dropped the claim"
     assert len(debits) == 1, "debited again under the claim's id before the model call"
     rec = fleet.load("acme", tid)
-    assert rec.turn == 2, "the chained turn ran"
+    assert rec.turn == 2, "the follow-on turn ran"
     assert gates.reading(ROUTE).requests >= 2, "both model calls counted at the gate"

@@ -1,8 +1,8 @@
--- chain.lua: settle an ended turn's lease and queue the trajectory's next call, for claim.lua to
+-- returning.lua: settle an ended turn's lease and queue the trajectory's next call, for claim.lua to
 -- claim in the same run ("direct" mode). Runs after state.lua, queue.lua and gates.lua and before
 -- claim.lua (keys and layout in their headers).
 --
--- The worker that just ended the trajectory's turn (worker/chain.py) settles that turn's gate
+-- The worker that just ended the trajectory's turn (worker/follow_on.py) settles that turn's gate
 -- lease, queues the next call and claims it in one script run, so no router can claim it in
 -- between. The last ten arguments are taken off ARGV before claim.lua reads the rest: the ended
 -- turn's route ("" for none), lease id ("" for none) and tokens used (-1: not known), then the

@@ -1,8 +1,9 @@
-"""``RedisAdmitter.claim_returning``: the worker's requeue-and-claim of a chained turn.
+"""``RedisAdmitter.claim_returning``: the worker's requeue-and-claim of a follow-on turn.
 
-A call with a gate is claimed only when weighted deficit round-robin picks it next, so chaining
-never overtakes anyone for scarce quota: the property below holds it to a twin admitter that
-takes the router's path (requeue, then a claim that expects the call) from the same history.
+A call with a gate is claimed only when weighted deficit round-robin picks it next, so a
+follow-on admission never overtakes anyone for scarce quota: the property below holds it to a
+twin admitter that takes the router's path (requeue, then a claim that expects the call) from
+the same history.
 A call with no gate is claimed at once, with the same books as any claim.
 """
 
@@ -85,8 +86,8 @@ def test_a_gated_call_is_claimed_exactly_when_the_router_would_claim_it_next(
 ) -> None:
     clock = ManualClock(1_000.0)
     build = builder(redis_client, key_prefix, clock)
-    chained, routed = build(), build()
-    for admitter in (chained, routed):  # one history for both
+    returning, routed = build(), build()
+    for admitter in (returning, routed):  # one history for both
         for n, (who, size, route) in enumerate(history):
             admitter.submit(who, f"{who}-{n}", input_tokens=size, output_allowance=500, route=route)
         for _ in range(claims):
@@ -94,7 +95,7 @@ def test_a_gated_call_is_claimed_exactly_when_the_router_would_claim_it_next(
             if claim is not None:
                 admitter.commit(claim)
     entry = (tenant, "back", tokens, 500, None, OPENAI)
-    queued, claim = chained.claim_returning(entry)
+    queued, claim = returning.claim_returning(entry)
     routed.requeue(tenant, "back", input_tokens=tokens, output_allowance=500, route=OPENAI)
     expected = routed.claim(depths=True, expect="back").claim
     assert queued
@@ -103,10 +104,10 @@ def test_a_gated_call_is_claimed_exactly_when_the_router_would_claim_it_next(
         assert claim.call.trajectory_id == expected.call.trajectory_id == "back"
         assert claim.call.charge == expected.call.charge
         assert claim.depths == expected.depths
-        chained.commit(claim)
+        returning.commit(claim)
         routed.commit(expected)
-    assert drain(chained) == drain(routed), "the same admissions follow, in the same order"
-    assert chained.admitted() == routed.admitted()
+    assert drain(returning) == drain(routed), "the same admissions follow, in the same order"
+    assert returning.admitted() == routed.admitted()
 
 
 def test_a_call_with_no_gate_is_claimed_at_once_past_queued_calls(build: Build) -> None:

@@ -1,0 +1,239 @@
+"""Custody of turns: which member has which turn, recorded before its message is sent.
+
+A router records each turn in the custody of the member it sends it to before it sends the
+message (a member that admits a follow-on turn itself records it before its admission commits);
+the worker releases it after pushing the turn's notice (a release names its version, so a late
+one never drops a newer entry). The reconciler (:mod:`router.reconcile`) takes the entries of a
+lapsed member and recovers their turns. Keys (one hash tag for the two-key scripts)::
+
+    {P:custody}:m:<member>   hash   "<tenant>/<trajectory>" -> "<version>:<epoch>:<call id>"
+    {P:custody}:members      set    the members that have (or had) turns in custody
+    P:fleet:recoveries       list   one JSON entry per recovery (member, trajectory, seconds
+                                    from the last heartbeat, router)
+
+Design: ``docs/adr/0008-turn-recovery.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from kernel.errors import ReinsError
+from router.feed import TurnMessage
+from store.redis_client import Batch, direct_batch, retry_transient, script_reply, text
+
+log = logging.getLogger("reins.router.custody")
+RECOVERIES_CAP = 100_000
+
+# Delete field ARGV[1] of hash KEYS[1] if its value's version (the text before the first ':')
+# is ARGV[2] (mode "version", a worker's release) or the value is exactly ARGV[2] ("exact", a
+# reconciler's take). Returns 1 when it deleted.
+_RELEASE = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+if ARGV[3] == 'exact' then
+  if v ~= ARGV[2] then return 0 end
+elseif string.sub(v, 1, string.len(ARGV[2]) + 1) ~= ARGV[2] .. ':' then
+  return 0
+end
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+# Forget member ARGV[1] (set KEYS[1]) when its custody hash KEYS[2] is empty.
+_FORGET = """
+if redis.call('HLEN', KEYS[2]) == 0 then return redis.call('SREM', KEYS[1], ARGV[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Entrusted:
+    """One turn in a member's custody: where the record was when its message was sent."""
+
+    tenant: str
+    trajectory_id: str
+    version: int
+    epoch: int
+    call_id: str
+    raw: str
+
+    @classmethod
+    def parse(cls, key: str, raw: str) -> Entrusted:
+        tenant, _, tid = key.partition("/")
+        version, epoch, call_id = raw.split(":", 2)
+        return cls(tenant, tid, int(version), int(epoch), call_id, raw)
+
+
+def _entry(member: str, payload: dict[str, Any]) -> tuple[str, str, str]:
+    """(member, field, value) of the custody entry of turn message ``payload`` for ``member``."""
+    commands = payload.get("commands") or [{}]
+    return _entry_of(
+        member,
+        f"{payload['tenant']}/{payload['trajectory_id']}",
+        int(payload["version"]),
+        int(payload["epoch"]),
+        str(commands[0].get("call_id", "")),
+    )
+
+
+def _entry_of(
+    member: str, key: str, version: int, epoch: int, call_id: str
+) -> tuple[str, str, str]:
+    return member, key, f"{version}:{epoch}:{call_id}"
+
+
+class Custody:
+    """Which member has which turn in custody (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.tag = f"{{{prefix}:custody}}"
+        self.members_key = f"{self.tag}:members"
+        self.recoveries_key = f"{prefix}:fleet:recoveries"
+        self._release = client.register_script(_RELEASE)
+        self._forget = client.register_script(_FORGET)
+        self._pending: list[tuple[str, str, str]] = []
+
+    def key(self, member: str) -> str:
+        return f"{self.tag}:m:{member}"
+
+    # --- the router's side -------------------------------------------------------------------
+
+    def note(self, member: str, payload: dict[str, Any]) -> None:
+        """Buffer the custody entry of the turn message ``payload`` sent to ``member``."""
+        self._pending.append(_entry(member, payload))
+
+    def flush(self) -> None:
+        """Write the buffered entries (one round trip); call before the messages are sent."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+
+        def write() -> None:  # idempotent: retried as a whole
+            pipe = direct_batch(self.client)
+            self._write_on(pipe, pending)
+            pipe.execute()
+
+        try:
+            retry_transient(write, what="writing the custody of turns", attempts=4, counted=4)
+        except ReinsError:
+            self._pending = pending + self._pending  # written before anything is sent
+            raise
+
+    def commands(self, member: str, msg: TurnMessage) -> list[tuple[str, ...]]:
+        """The commands that write the custody entry of turn message ``msg`` for ``member``, for a
+        member that admits a turn itself to send before its admission commits
+        (:mod:`worker.follow_on`); idempotent, as a resend after a lost reply needs. Read from the
+        message's fields: its payload would dump the model's whole view."""
+        call_id = msg.commands[0].call_id if msg.commands else ""
+        key = f"{msg.tenant}/{msg.trajectory_id}"
+        return self._commands([_entry_of(member, key, msg.version, msg.epoch, call_id)])
+
+    def _write_on(self, pipeline: Batch, pending: list[tuple[str, str, str]]) -> None:
+        for command in self._commands(pending):
+            pipeline.execute_command(*command)
+
+    def _commands(self, pending: list[tuple[str, str, str]]) -> list[tuple[str, ...]]:
+        out: list[tuple[str, ...]] = [
+            ("HSET", self.key(member), field_, value) for member, field_, value in pending
+        ]
+        out.append(("SADD", self.members_key, *sorted({m for m, _, _ in pending})))
+        return out
+
+    def sending(self, inner: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
+        """A sender that records each custody entry, then sends through ``inner`` at once."""
+
+        def send(member: str, payload: dict[str, Any]) -> None:
+            self.note(member, payload)
+            self.flush()
+            inner(member, payload)
+
+        return send
+
+    def buffering(self, inner: Callable[[str, dict[str, Any]], None]) -> Callable[..., None]:
+        """A sender that buffers each custody entry (:meth:`flush` before ``inner``'s own flush)."""
+
+        def send(member: str, payload: dict[str, Any]) -> None:
+            self.note(member, payload)
+            inner(member, payload)
+
+        return send
+
+    # --- the worker's side -------------------------------------------------------------------
+
+    def release(
+        self,
+        member: str,
+        tenant: str,
+        trajectory_id: str,
+        version: int,
+        pipeline: Batch | None = None,
+    ) -> bool:
+        """The turn sent at ``version`` ended on ``member`` (its notice is pushed). True when
+        an entry was deleted; with ``pipeline`` the release is only queued on it (False), as a
+        bare ``EVALSHA``: a script object would make redis-py ask ``SCRIPT EXISTS`` before
+        every pipeline, a round trip per turn. Pass the pipeline's reply to
+        :meth:`released_on` to finish it."""
+        args = [f"{tenant}/{trajectory_id}", str(version), "version"]
+        if pipeline is not None:
+            pipeline.execute_command("EVALSHA", self._release.sha, 1, self.key(member), *args)
+            return False
+        return bool(self._release(keys=[self.key(member)], args=args))
+
+    def released_on(
+        self, reply: Any, member: str, tenant: str, trajectory_id: str, version: int
+    ) -> bool:
+        """Finish a release queued on a pipeline from its ``reply`` (executed with
+        ``raise_on_error=False``; :func:`~store.redis_store.script_reply`)."""
+        return bool(
+            script_reply(reply, lambda: self.release(member, tenant, trajectory_id, version))
+        )
+
+    # --- the reconciler's side ---------------------------------------------------------------
+
+    def custodians(self) -> set[str]:
+        """The members that have (or had) turns in custody."""
+        raw = cast(set[bytes], self.client.smembers(self.members_key))
+        return {text(m) for m in raw}
+
+    def entrusted_to(self, member: str) -> list[Entrusted]:
+        """The turns in ``member``'s custody, by trajectory; an unreadable entry is dropped."""
+        raw = cast(dict[bytes, bytes], self.client.hgetall(self.key(member)))
+        out = []
+        for k, v in raw.items():
+            try:
+                out.append(Entrusted.parse(text(k), text(v)))
+            except ValueError:
+                log.warning("bad custody entry %r=%r of %s dropped", k, v, member)
+                self.client.hdel(self.key(member), k)
+        return sorted(out, key=lambda h: (h.tenant, h.trajectory_id))
+
+    def take(self, member: str, turn: Entrusted) -> bool:
+        """Claim the recovery of ``turn``: True for exactly one caller."""
+        args = [f"{turn.tenant}/{turn.trajectory_id}", turn.raw, "exact"]
+        return bool(self._release(keys=[self.key(member)], args=args))
+
+    def forget(self, member: str) -> bool:
+        """Drop ``member`` from the custodians once it has nothing in custody."""
+        return bool(self._forget(keys=[self.members_key, self.key(member)], args=[member]))
+
+    def record_recoveries(self, entries: Sequence[dict[str, Any]]) -> None:
+        if entries:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.rpush(self.recoveries_key, *(json.dumps(e) for e in entries))
+            pipe.ltrim(self.recoveries_key, -RECOVERIES_CAP, -1)
+            pipe.execute()
+
+    def recoveries(self) -> list[dict[str, Any]]:
+        """Every recovery recorded, oldest first (the figure of time to recovery)."""
+        raw = cast(list[bytes], self.client.lrange(self.recoveries_key, 0, -1))
+        return [json.loads(r) for r in raw]
+
+    def redis_now(self) -> float:
+        seconds, micros = self.client.time()
+        return float(seconds) + micros / 1_000_000
