@@ -204,7 +204,7 @@ class Metrics(RouterObserver, TurnObserver):
         self.admission_wait.labels(tenant).observe(max(wait_s, 0.0))
 
     def on_admission(self, call: ReadyCall, wait_s: float) -> None:
-        """:meth:`on_admitted` for an admitter's call (what ``Admitter.commit`` returned)."""
+        """:meth:`on_admitted` for an admitter's call (what ``Admitter.confirm`` returned)."""
         self.on_admitted(call.tenant, provider_of(call.route), call.charge, wait_s)
 
     def on_gate_refused(self, provider: str, gate: str, count: int = 1) -> None:

@@ -6,7 +6,7 @@ whose nominations are claims exclusive across router replicas.
 
 * ``submit`` and ``requeue`` queue the call or raise :class:`~kernel.errors.InvalidInput`,
   changing nothing; ``requeue`` of a call too large for its tenant answers ``FinalizeNow``.
-* Each nomination is resolved once, by ``commit``, ``decline`` or a ``withdraw`` of its
+* Each nomination is resolved once, by ``confirm``, ``decline`` or a ``withdraw`` of its
   trajectory; resolving one that no longer holds raises :class:`~kernel.errors.StaleNomination`
   and changes nothing. Resolved one by one, both admit the same calls in the same order.
 Design: ``docs/adr/0001-weighted-drr-admission.md``.
@@ -65,7 +65,7 @@ class AdmissionQueue(Protocol):
         """The next call by weighted deficit round-robin, or None."""
         ...
 
-    def commit(self, nomination: Nomination) -> float:
+    def confirm(self, nomination: Nomination) -> float:
         """Admit the nominated call; returns its admission wait in seconds."""
         ...
 
@@ -75,7 +75,7 @@ class AdmissionQueue(Protocol):
         ...
 
     def admit_next(self, check: Callable[[ReadyCall], bool]) -> ReadyCall | None:
-        """Nominate, ``check``, commit or decline; each lane in rotation tried at most once.
+        """Nominate, ``check``, confirm or decline; each lane in rotation tried at most once.
 
         A tenant whose call is refused keeps its place, credit and call, and its route counts
         as closed for the rest of this call. Provider gates: in memory pass

@@ -158,7 +158,7 @@ class Admitter:
             return False
         lane, klass, call = found
         removed = drr.remove(self._state, lane, klass, call)
-        assert removed, "index and queues disagree"  # both are written only here and in commit
+        assert removed, "index and queues disagree"  # both are written only here and in confirm
         return True
 
     def is_queued(self, trajectory_id: str) -> bool:
@@ -171,13 +171,13 @@ class Admitter:
         """The next call by weighted deficit round-robin, or None if nothing can be admitted."""
         return drr.nominate(self._state)
 
-    def commit(self, nomination: Nomination) -> float:
+    def confirm(self, nomination: Nomination) -> float:
         """Admit a nominated call: deduct its charge, dequeue it; returns its admission wait (s).
 
         Raises :class:`~kernel.errors.StaleNomination`, changing nothing, if the nomination no
         longer holds (its call was withdrawn, or credit moved under it).
         """
-        drr.commit(self._state, nomination)
+        drr.confirm(self._state, nomination)
         call = nomination.call
         del self._where[call.trajectory_id]
         now = self._clock()
@@ -190,7 +190,7 @@ class Admitter:
         drr.decline(self._state, nomination)
 
     def admit_next(self, check: Callable[[ReadyCall], bool]) -> ReadyCall | None:
-        """Nominate, run ``check`` on the call, and commit it; the admitted call or None.
+        """Nominate, run ``check`` on the call, and confirm it; the admitted call or None.
 
         A tenant whose call ``check`` refuses keeps its place, its credit and its call at the
         head of its queue, and the next tenant in rotation is tried past it
@@ -210,7 +210,7 @@ class Admitter:
                 return None
             call = nomination.call
             if check(call):
-                self.commit(nomination)
+                self.confirm(nomination)
                 return call
             refused.add(nomination.lane)
             if call.route:

@@ -1,7 +1,7 @@
 """What the Redis admitter hands out: claims, and what the reconciler reports about lapsed ones.
 
 A :class:`Claim` is a nomination (:class:`router.drr.Nomination`) that one admitter holds
-exclusively until it commits, declines or withdraws it, or the reconciler reaps it after its
+exclusively until it confirms, declines or withdraws it, or the reconciler reaps it after its
 deadline (``docs/adr/0003-redis-admitter-claims.md``). Its ``claim_id`` is also the lease id
 of its gate debit: the dispatcher renews and settles the debit under it.
 """

@@ -4,7 +4,7 @@ An admission loads the record (the truth; a queue entry is only a hint), steps t
 ``Admit`` and commits it by compare-and-set, commits the nomination, and only then sends the
 turn to the ring's member (register before send). A record no longer READY is withdrawn; a lost
 compare-and-set or a record of a schema this build cannot read is declined, so the call stays
-READY at its queue head. With the Redis admitter claims, commits and requeues are batched, one
+READY at its queue head. With the Redis admitter claims, confirmations and requeues are batched, one
 script each per burst. :meth:`Dispatcher.intake` folds in the workers' turn-end notices:
 requeues READY trajectories and settles the ended turns' gate leases.
 Design: ``docs/adr/0005-dispatch-loop.md``.
@@ -224,7 +224,7 @@ class Dispatcher:
         return admitted
 
     def _admit_claims(self, limit: int, ring: Ring) -> int:
-        """The shared admitter: claim a batch, admit each, commit the batch (3 round trips
+        """The shared admitter: claim a batch, admit each, confirm the batch (3 round trips
         beside each trajectory's own load and compare-and-set)."""
         admitter: Any = self.admitter
         batch = admitter.claim_many(limit, 1, depths=True)
@@ -242,7 +242,7 @@ class Dispatcher:
                 member, msg = prepared
                 ready.append((claim, member, msg, bool(depths) and all(d > 0 for d in depths)))
         if ready:
-            waits = admitter.commit_many([claim for claim, _, _, _ in ready])
+            waits = admitter.confirm_many([claim for claim, _, _, _ in ready])
             for (claim, member, msg, backlogged), wait in zip(ready, waits, strict=True):
                 if wait is None:  # reaped meanwhile: debit again before the request may leave
                     self._unsent.append((member, msg, claim.call.charge))
@@ -251,7 +251,7 @@ class Dispatcher:
         return len(batch.claims)
 
     def _admit_local(self, nom: Nomination, depths: list[int], ring: Ring) -> bool:
-        """The in-memory admitter: debit the gate here, admit, commit; False if gated."""
+        """The in-memory admitter: debit the gate here, admit, confirm; False if gated."""
         call = nom.call
         lease = ""
         if call.route and self.gates is not None:
@@ -265,7 +265,7 @@ class Dispatcher:
                 return False
         prepared = self._prepare(nom, lease, ring)
         if prepared is not None:
-            wait = self._resolve(self.admitter.commit, nom)
+            wait = self._resolve(self.admitter.confirm, nom)
             backlogged = bool(depths) and all(d > 0 for d in depths)
             self._send(call, *prepared, backlogged, 0.0 if wait is None else wait)
         return True

@@ -3,7 +3,7 @@
 The state (:class:`DrrState`) is plain fields and the policy is functions over it, which the
 Redis admitter's Lua scripts mirror; this module holds no configuration, clock or figures
 (:mod:`router.admitter` validates at the edge and keeps those). :func:`nominate` only proposes;
-:func:`commit` deducts the charge and dequeues; :func:`decline` sends the lane to the tail of
+:func:`confirm` deducts the charge and dequeues; :func:`decline` sends the lane to the tail of
 the rotation and changes no credit and no queue. Credits are integers, so Lua computes the same.
 Design: ``docs/adr/0001-weighted-drr-admission.md``.
 """
@@ -91,7 +91,7 @@ def nominate(
 ) -> Nomination | None:
     """Propose the next call to admit, or None if nothing is queued or nothing can ever fit.
 
-    Changes only rotation and credit grants, never a queue; two calls with no commit, decline
+    Changes only rotation and credit grants, never a queue; two calls with no confirm, decline
     or submission between them return the same call. None with calls still queued means every
     backlogged lane sits at the credit cap with a head call larger than the cap, which a
     validated configuration rules out.
@@ -214,7 +214,7 @@ def _leave(rotation: deque[int], index: int) -> None:
         rotation.remove(index)
 
 
-def commit(state: DrrState, nomination: Nomination) -> None:
+def confirm(state: DrrState, nomination: Nomination) -> None:
     """Admit the nominated call: dequeue it and deduct its charge from tenant (and class) credit.
 
     Raises :class:`StaleNomination`, changing nothing, if the call is no longer at the head of

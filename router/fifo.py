@@ -111,7 +111,7 @@ class FifoAdmitter:
         call = self._queue[0]
         return Nomination(self._lane_of[call.tenant], 0, call)
 
-    def commit(self, nomination: Nomination) -> float:
+    def confirm(self, nomination: Nomination) -> float:
         """Admit the head call; returns its wait. StaleNomination if it is no longer the head."""
         if not self._queue or self._queue[0] is not nomination.call:
             raise StaleNomination(f"nomination of {nomination.call.trajectory_id} is stale")
@@ -131,7 +131,7 @@ class FifoAdmitter:
         nomination = self.nominate()
         if nomination is None or not check(nomination.call):
             return None
-        self.commit(nomination)
+        self.confirm(nomination)
         return nomination.call
 
     def depths(self) -> list[int]:

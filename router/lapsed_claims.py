@@ -1,7 +1,7 @@
-"""Claims of the Redis admitter whose deadline passed uncommitted, resolved by any replica.
+"""Claims of the Redis admitter whose deadline passed unconfirmed, resolved by any replica.
 
 A claim still pending at its deadline means its dispatcher died or stalled between the claim
-and its commit. Its trajectory is looked up: a call still READY goes back to the head of its
+and its confirmation. Its trajectory is looked up: a call still READY goes back to the head of its
 queue, any other claim is dropped; either way its gate debit is released (``lua/resolve.lua``,
 which acts only once the deadline has passed, so replicas may reconcile at once). Design:
 ``docs/adr/0003-redis-admitter-claims.md``.
@@ -33,7 +33,7 @@ class LapsedClaims:
             cid = text(raw)
             packed = client.hget(f"{tag}:claims", cid)
             if packed is None:
-                continue  # committed or declined since the range was read
+                continue  # confirmed or declined since the range was read
             fields = text(packed).split("|", 11)  # lost|lostc|emptied|cemptied|<7 of data>|tid
             tid, tenant = fields[-1], state.config.tenants[int(fields[4])].name
             op = "requeue" if ready(tenant, tid) else "reap"

@@ -2,9 +2,9 @@
 
 Same contract as the in-memory :class:`~router.admitter.Admitter` (:mod:`router.admission`).
 A nomination here is a :class:`~router.claims.Claim`: the call is out of its queue and its gate
-debited until the claim ends exactly once, by :meth:`~RedisAdmitter.commit`,
+debited until the claim ends exactly once, by :meth:`~RedisAdmitter.confirm`,
 :meth:`~RedisAdmitter.decline`, a :meth:`~RedisAdmitter.withdraw` of its trajectory, or
-:meth:`~RedisAdmitter.reconcile` after its deadline (``claim_ttl_s``). A commit that finds its
+:meth:`~RedisAdmitter.reconcile` after its deadline (``claim_ttl_s``). A confirmation that finds its
 claim reaped raises :class:`~kernel.errors.ClaimLapsed`: debit the gate again before sending.
 :class:`RedisAdmitter` is a facade over one part per job (``router/redis_*.py``,
 :mod:`router.lapsed_claims`). Design: ``docs/adr/0003-redis-admitter-claims.md``.
@@ -33,7 +33,7 @@ from router.drr import Nomination, ReadyCall
 from router.fairness import FairnessFigures
 from router.lapsed_claims import LapsedClaims
 from router.redis_claims import FollowOnClaims, RedisClaims
-from router.redis_commits import ClaimEnds
+from router.redis_confirms import ClaimEnds
 from router.redis_figures import RedisFigures
 from router.redis_gates import RedisGates
 from router.redis_queue import RedisQueue, Returning
@@ -157,7 +157,7 @@ class RedisAdmitter(AdmissionQueue):
         return self._queue.withdraw(trajectory_id)
 
     def is_queued(self, trajectory_id: str) -> bool:
-        """True while the trajectory waits in a queue or is claimed and not yet committed."""
+        """True while the trajectory waits in a queue or is claimed and not yet confirmed."""
         return self._queue.is_queued(trajectory_id)
 
     # --- hot path -----------------------------------------------------------------------------
@@ -195,35 +195,35 @@ class RedisAdmitter(AdmissionQueue):
             count, tries, depths=depths, expect=expect, skip=skip, closed=closed
         )
 
-    def commit(self, nomination: Nomination) -> float:
+    def confirm(self, nomination: Nomination) -> float:
         """End a claim as admitted; returns the call's admission wait (s).
 
         Raises :class:`ClaimLapsed` (a :class:`StaleNomination`) if the claim is no longer
         pending: withdrawn, or reaped after its deadline (then debit again before sending).
         """
-        return self._ends.commit(nomination)
+        return self._ends.confirm(nomination)
 
-    def commit_many(self, nominations: Sequence[Nomination]) -> list[float | None]:
+    def confirm_many(self, nominations: Sequence[Nomination]) -> list[float | None]:
         """Commit several claims in one round trip; per claim its wait, or None if it lapsed."""
-        return self._ends.commit_many(nominations)
+        return self._ends.confirm_many(nominations)
 
-    def commit_on(self, pipeline: Batch, claim: Claim) -> Callable[[Any], float | None]:
-        """Queue the commit of ``claim`` on a pipeline (a bare ``EVALSHA``, executed with
+    def confirm_on(self, pipeline: Batch, claim: Claim) -> Callable[[Any], float | None]:
+        """Queue the confirmation of ``claim`` on a pipeline (a bare ``EVALSHA``, executed with
         ``raise_on_error=False``) beside other writes; pass its reply to the function returned
-        for :meth:`commit_many`'s answer (a server that lost the script: committed again)."""
-        return self._ends.commit_on(pipeline, claim)
+        for :meth:`confirm_many`'s answer (a server that lost the script: confirmed again)."""
+        return self._ends.confirm_on(pipeline, claim)
 
     def decline(self, nomination: Nomination) -> None:
         """End a claim as refused: the call is READY at its queue head again, its debit released."""
         self._ends.decline(nomination)
 
     def admit_next(self, check: Callable[[ReadyCall], bool]) -> ReadyCall | None:
-        """As :meth:`Admitter.admit_next`: the next call ``check`` and its gate accept, committed.
+        """As :meth:`Admitter.admit_next`: the next call ``check`` and its gate accept, confirmed.
 
         Each step peeks at the nomination (nothing claimed), runs ``check``, and claims that very
         call; a refused tenant is skipped where it stands and its route closed for this call.
         """
-        return self._claims.admit_next(check, self.commit)
+        return self._claims.admit_next(check, self.confirm)
 
     # --- reconciler ---------------------------------------------------------------------------
 
@@ -239,5 +239,5 @@ class RedisAdmitter(AdmissionQueue):
         return self._figures.figures()
 
     def admitted(self) -> list[tuple[int, int]]:
-        """Per tenant, in configuration order: (calls, charge) committed by every replica."""
+        """Per tenant, in configuration order: (calls, charge) confirmed by every replica."""
         return self._figures.admitted()

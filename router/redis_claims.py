@@ -3,7 +3,7 @@
 One run of ``lua/claim.lua`` picks by weighted deficit round-robin, debits the call's route
 under the new claim id, deducts the charge and takes the call out of its queue, for up to
 ``count`` calls; no other claim, in any replica, can return the same call until this one ends
-(:mod:`router.redis_commits`, :mod:`router.lapsed_claims`). :class:`FollowOnClaims` queues a
+(:mod:`router.redis_confirms`, :mod:`router.lapsed_claims`). :class:`FollowOnClaims` queues a
 returning call and claims it in the same run. Design: ``docs/adr/0003-redis-admitter-claims.md``.
 """
 
@@ -68,9 +68,9 @@ class RedisClaims:
         return claims_from(state.config, reply, depths)
 
     def admit_next(
-        self, check: Callable[[ReadyCall], bool], commit: Callable[[Claim], float]
+        self, check: Callable[[ReadyCall], bool], confirm: Callable[[Claim], float]
     ) -> ReadyCall | None:
-        """The next call ``check`` and its gate accept, claimed and then ``commit``-ted.
+        """The next call ``check`` and its gate accept, claimed and then confirmed.
 
         Each step peeks at the nomination (nothing claimed), runs ``check``, and claims that very
         call; a refused tenant is skipped where it stands and its route closed for this call.
@@ -87,7 +87,7 @@ class RedisClaims:
             if check(call):
                 attempt = self.claim(1, expect=call.trajectory_id, skip=skip, closed=closed)
                 if attempt.claim is not None:
-                    commit(attempt.claim)
+                    confirm(attempt.claim)
                     return call
                 if attempt.reason == "moved":  # another replica changed the state: look again
                     continue

@@ -1,7 +1,7 @@
 """The Redis admitter's figures: per tenant, what the fleet admitted and what this replica saw.
 
 Depths, credits, admitted calls and charge are global (read from the shared state); the wait
-histogram and the sliding window count this replica's own commits, recorded as they happen.
+histogram and the sliding window count this replica's own confirmations, recorded as they happen.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class RedisFigures:
     def __init__(self, state: AdmitterState) -> None:
         self._state = state
         config = state.config
-        #: This replica's commits (fed by :class:`router.redis_commits.ClaimEnds`).
+        #: This replica's confirmations (fed by :class:`router.redis_confirms.ClaimEnds`).
         self.book = FairnessBook(
             names=[t.name for t in config.tenants],
             weights=[t.weight for t in config.tenants],
@@ -31,7 +31,7 @@ class RedisFigures:
         return self.book.snapshot(self._state.time(), values[:n], values[n:])
 
     def admitted(self) -> list[tuple[int, int]]:
-        """Per tenant, in configuration order: (calls, charge) committed by every replica."""
+        """Per tenant, in configuration order: (calls, charge) confirmed by every replica."""
         n = len(self._state.config.tenants)
         values = self._state.fields([f"N:{i}" for i in range(n)] + [f"C:{i}" for i in range(n)])
         return list(zip(values[:n], values[n:], strict=True))

@@ -3,7 +3,7 @@ when the shared admitter would let that call overtake nobody.
 
 :meth:`FollowOn.admit` settles the ended turn's gate lease and claims the call in one script run in
 the shared admitter, steps ``Admit`` on the record in hand, records its custody of the turn and
-commits the admission by compare-and-set in one round trip, then commits the claim; the caller runs
+commits the admission by compare-and-set in one round trip, then confirms the claim; the caller runs
 the turn with the committed record. When the admitter or the store says no, the call stays READY at
 its queue head for a router. Only messages with a ``follow_on`` allowance are continued here, never
 on a draining worker, and not past half the visibility timeout. See
@@ -46,7 +46,7 @@ class FollowOn:
     """Admits a worker's next turn of a trajectory; one per worker, used from many threads.
 
     Each call is independent: the admitter and gates objects send scripts over a connection
-    pool; the admitter's own fairness book (its figures of this process's commits) and the
+    pool; the admitter's own fairness book (its figures of this process's confirmations) and the
     counters here are updated under a lock.
     """
 
@@ -160,7 +160,7 @@ class FollowOn:
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
             self.custody.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
-        self._commit_claim(claim, now)
+        self._confirm_claim(claim, now)
         self._count(admitted=1)
         return result, nxt
 
@@ -189,18 +189,18 @@ class FollowOn:
             return str(exc)
         return ""
 
-    def _commit_claim(self, claim: Claim, now: float) -> None:
+    def _confirm_claim(self, claim: Claim, now: float) -> None:
         """Commit the claim and record the admission for the figures, in one round trip; a
         claim reaped meanwhile is debited again before its call may be sent."""
         pipe = direct_batch(self.client)
-        committed = self.admitter.commit_on(pipe, claim)
+        confirmed = self.admitter.confirm_on(pipe, claim)
         self.feed.record_admissions([self._entry(claim, now)], pipeline=pipe)
         replies = pipe.execute(raise_on_error=False)
         for reply in replies[1:]:
             if isinstance(reply, Exception):
                 raise reply
         with self._lock:
-            wait = committed(replies[0])
+            wait = confirmed(replies[0])
         if wait is None:  # reaped meanwhile (past its deadline): debit again before sending
             self._debit_again(claim)
             wait = 0.0

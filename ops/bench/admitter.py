@@ -122,7 +122,7 @@ def _backlogged(chunks: int, chunk: int) -> dict[str, object]:
         for k in range(TRAJECTORIES_PER_TENANT):
             i, o = sequences[name][k]
             admitter.submit(name, f"{name}-{k}", input_tokens=i, output_allowance=o)
-    nominate, commit, requeue = admitter.nominate, admitter.commit, admitter.requeue
+    nominate, confirm, requeue = admitter.nominate, admitter.confirm, admitter.requeue
     charge = dict.fromkeys(sequences, 0)
     turn = dict.fromkeys(sequences, TRAJECTORIES_PER_TENANT)
     rates: list[float] = []
@@ -131,7 +131,7 @@ def _backlogged(chunks: int, chunk: int) -> dict[str, object]:
         for _ in range(chunk):
             nomination = nominate()
             assert nomination is not None  # backlogged by construction
-            commit(nomination)
+            confirm(nomination)
             call = nomination.call
             tenant = call.tenant
             clock[0] += call.charge / PROVIDER_TOKENS_PER_S
@@ -195,7 +195,7 @@ class _Weighted:
     def admit(self) -> tuple[str, int, float]:
         nomination = self.admitter.nominate()
         assert nomination is not None
-        wait = self.admitter.commit(nomination)
+        wait = self.admitter.confirm(nomination)
         return nomination.call.tenant, nomination.call.charge, wait
 
 
@@ -294,7 +294,7 @@ def _redis_setup(client: Any, prefix: str) -> tuple[RedisAdmitter, AdmissionConf
 def _redis_worker(
     url: str, prefix: str, quota: int, batch: int, ready: Any, start: Any, done: Any
 ) -> None:
-    """One admitter process: claim, commit, requeue, ``quota`` times after the common start;
+    """One admitter process: claim, confirm, requeue, ``quota`` times after the common start;
     ``batch`` calls per round trip (1: one call per script run, the plain interface)."""
     admitter, _ = _redis_setup(client_from_url(url), prefix)
     ready.release()
@@ -306,10 +306,10 @@ def _redis_worker(
             claim = admitter.nominate()
             claims = () if claim is None else (claim,)
             if claim is not None:
-                admitter.commit(claim)
+                admitter.confirm(claim)
         else:
             claims = admitter.claim_many(min(batch, quota - admitted)).claims
-            admitter.commit_many(claims)
+            admitter.confirm_many(claims)
         if not claims:  # every call is claimed by the others this instant
             continue
         admitter.requeue_many(

@@ -4,7 +4,7 @@
 -- KEYS[1]  B:st, the admitter's state hash (B = "{<prefix>:adm}"; every key used is under B)
 -- ARGV[1]  now in seconds, or "" to use the Redis server's TIME
 -- ARGV[2]  gate refusals allowed before giving up (0: one per lane in rotation)
--- ARGV[3]  seconds a claim may stay uncommitted before the reconciler may reap it
+-- ARGV[3]  seconds a claim may stay unconfirmed before the reconciler may reap it
 -- ARGV[4]  "1" to return every lane's queue depth after each claim
 -- ARGV[5]  "claim"; "peek": only nominate and return the call, claiming nothing; or "direct":
 --          first take the expected call itself, if its route has no gate, without nominating
@@ -17,8 +17,8 @@
 -- is debited under the new claim id as lease id. A gate that refuses leaves that lane where it
 -- stands with its credit and its call (the call stays READY), and closes the route for the rest
 -- of this run, so no lane behind it on that route ends a visit or overtakes it; lanes on other
--- routes are tried next. A call that passes is taken (dequeued, charge deducted, as drr.commit)
--- and claimed: no other claim returns it until it is committed, declined or reaped. Claiming
+-- routes are tried next. A call that passes is taken (dequeued, charge deducted, as drr.confirm)
+-- and claimed: no other claim returns it until it is confirmed, declined or reaped. Claiming
 -- several calls in one run is claiming them one after another.
 --
 -- "direct" is for the worker that just queued the call back (worker/chain.py). A call with no

@@ -1,4 +1,4 @@
--- pick.lua: drr.nominate and drr.commit over the admitter's state (after state.lua).
+-- pick.lua: drr.nominate and drr.confirm over the admitter's state (after state.lua).
 --
 -- A library for claim.lua: choose the next call by weighted deficit round-robin with the
 -- sparse-flow rule, and take it out of its queue. Keys and layout are in state.lua.
@@ -118,7 +118,7 @@ local function nominate(cap, skip, closed)
   end
 end
 
--- drr.commit without its checks (the caller just nominated): dequeue and deduct. Returns what
+-- drr.confirm without its checks (the caller just nominated): dequeue and deduct. Returns what
 -- an undo needs: credit lost to the reset of an emptied lane / class, and whether each emptied.
 local function take(lane, k, charge)
   local q = qkey(lane, k)

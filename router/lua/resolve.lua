@@ -14,7 +14,7 @@
 -- ARGV[2]  claim id (trajectory id for "withdraw")
 -- ARGV[3]  now in seconds, or "" for the Redis server's TIME
 --
--- (A commit is commit.lua.) Returns {1, now} when done; {0} if there is no such pending claim (already resolved or reaped)
+-- (A confirmation is confirm.lua.) Returns {1, now} when done; {0} if there is no such pending claim (already resolved or reaped)
 -- or trajectory; {-1} for requeue/reap of a claim whose deadline has not passed. Atomic with every
 -- other admitter script, so a claim is resolved exactly once.
 local op = ARGV[1]

@@ -69,7 +69,7 @@ def depths(admitter: AdmissionQueue) -> list[int]:
 def admit(admitter: AdmissionQueue) -> str:
     nomination = admitter.nominate()
     assert nomination is not None
-    admitter.commit(nomination)
+    admitter.confirm(nomination)
     return nomination.call.trajectory_id
 
 
@@ -86,7 +86,7 @@ def test_backlogged_tenants_share_the_charge_by_weight(make: Make) -> None:
     for _ in range(3_000):  # 58 maintenance calls (napkin math 10.1: one per 50.4 interactive)
         nomination = admitter.nominate()
         assert nomination is not None
-        admitter.commit(nomination)
+        admitter.confirm(nomination)
         call = nomination.call
         charge[call.tenant] += call.charge
         admitter.requeue(
@@ -164,7 +164,7 @@ def test_requeue_of_an_oversized_call_finalizes_with_max_tokens(make: Make) -> N
     assert depths(admitter) == [0, 0] and not admitter.is_queued("t-9")
 
 
-# --- nomination, commit, decline -------------------------------------------------------------
+# --- nomination, confirm, decline ------------------------------------------------------------
 
 
 def two_backlogged(make: Make) -> AdmissionQueue:
@@ -198,7 +198,7 @@ def test_resolving_a_withdrawn_nomination_is_refused_and_changes_nothing(make: M
     assert not admitter.withdraw(nomination.call.trajectory_id)
     assert not admitter.is_queued(nomination.call.trajectory_id)
     with pytest.raises(StaleNomination):
-        admitter.commit(nomination)
+        admitter.confirm(nomination)
     with pytest.raises(StaleNomination):
         admitter.decline(nomination)
     assert credits(admitter) == before and depths(admitter) == [3, 4]
@@ -260,7 +260,7 @@ def test_service_classes_share_their_tenant_by_weight(make: Make) -> None:
     for _ in range(1_500):
         nomination = admitter.nominate()
         assert nomination is not None
-        admitter.commit(nomination)
+        admitter.confirm(nomination)
         call = nomination.call
         charge[call.service_class] += call.charge
         admitter.requeue(
@@ -277,7 +277,7 @@ def test_service_classes_share_their_tenant_by_weight(make: Make) -> None:
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["submit", "submit", "requeue", "withdraw", "commit", "decline", "gated"]),
+        st.sampled_from(["submit", "submit", "requeue", "withdraw", "confirm", "decline", "gated"]),
         st.integers(0, 2),  # tenant
         st.integers(0, 1),  # class
         st.integers(1, 12_000),  # charge
@@ -390,5 +390,5 @@ def _apply(
     if op == "decline":
         admitter.decline(nomination)
     else:
-        admitter.commit(nomination)
+        admitter.confirm(nomination)
     return nomination.call.trajectory_id

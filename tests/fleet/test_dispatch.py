@@ -101,14 +101,14 @@ def test_fifo_admits_in_arrival_order_across_tenants(tenants_file: Path) -> None
     while (nom := fifo.nominate()) is not None:
         fifo.decline(nom)  # head-of-line: a declined head stays the head
         assert fifo.nominate().call is nom.call  # type: ignore[union-attr]
-        fifo.commit(nom)
+        fifo.confirm(nom)
         order.append(nom.call.trajectory_id)
     assert order == ["t0", "t1", "t2", "t3"]
     fifo.requeue("acme", "t9", input_tokens=1, output_allowance=1)
     nom = fifo.nominate()
     assert nom is not None and fifo.withdraw("t9")
     with pytest.raises(StaleNomination):
-        fifo.commit(nom)
+        fifo.confirm(nom)
 
 
 def test_a_call_that_can_never_be_admitted_is_finalized_at_once(inproc: InProcessFleet) -> None:

@@ -203,14 +203,14 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
     )
     follow_on.admitter = admitter
     reaped: list[Any] = []
-    commit_on = admitter.commit_on
+    commit_on = admitter.confirm_on
 
     def reaped_first(pipe: Any, claim: Any) -> Any:  # the claim outlives its deadline first
         clock.advance(3600)
         reaped.append(admitter.reconcile(store_readiness(fleet.store)))
         return commit_on(pipe, claim)
 
-    admitter.commit_on = reaped_first  # type: ignore[method-assign]
+    admitter.confirm_on = reaped_first  # type: ignore[method-assign]
     debits: list[str] = []
     debit = gates.debit
 

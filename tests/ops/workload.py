@@ -91,7 +91,7 @@ class Workload:
                 self.admitter.decline(nomination)
                 self.metrics.on_gate_refused(provider_of(call.route), "tpm")
                 continue
-            wait = self.admitter.commit(nomination)
+            wait = self.admitter.confirm(nomination)
             self.metrics.on_admission(call, wait)
             self.admitted[call.tenant] += 1
             self.charge[call.tenant] += call.charge

@@ -131,7 +131,7 @@ class AdmitterMachine(RuleBasedStateMachine):
         before = lane.credit
         ready_at = nomination.call.ready_at
         self.now += wait
-        assert self.admitter.commit(nomination) == self.now - ready_at
+        assert self.admitter.confirm(nomination) == self.now - ready_at
         self.model[key].popleft()
         expected = 0 if lane.queued == 0 else before - nomination.call.charge
         assert lane.credit == expected
@@ -225,7 +225,7 @@ def test_backlogged_shares_stay_within_one_quantum_and_one_cap_of_their_weights(
     for _ in range(3_000):
         nomination = admitter.nominate()
         assert nomination is not None
-        admitter.commit(nomination)
+        admitter.confirm(nomination)
         call = nomination.call
         served[nomination.lane] += call.charge
         admitter.requeue(

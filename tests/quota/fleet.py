@@ -5,7 +5,7 @@ Four tenants of weights 1:2:3:4 with equal backlogs of 2,500 calls of the same s
 route, whose gate (requests and tokens per 0.5 s window, 4 in flight) is much narrower than the
 two admitters: most nominations are refused and wait READY. Each admitter process claims (``drr``:
 the Redis admitter; ``fifo``: one shared list in submission order, the same gate debited by
-``RedisGates.debit``), commits, and hands the call to a sender thread that posts it to the
+``RedisGates.debit``), confirms, and hands the call to a sender thread that posts it to the
 loopback provider and settles the gate with the usage the provider reports.
 """
 
@@ -199,7 +199,7 @@ def run_drr(client: redis.Redis, prefix: str, sender: Sender) -> dict[str, Any]:
                 break  # nothing left to claim
             sender.wait_for_room()
             continue
-        admitter.commit(claim)
+        admitter.confirm(claim)
         call, gate = claim.call, claim.gate
         assert gate is not None
         records.append(

@@ -1,8 +1,8 @@
 """An admitter process that claims calls and holds them: ``python -m tests.quota.holder PREFIX``.
 
-It commits HELD claims (their concurrency leases renewed every quarter lease, as a dispatcher
-does while the calls run) and leaves one more claim uncommitted (a dispatcher that died before
-its commit), says so in ``PREFIX:holder-ready``, counts renewal rounds in
+It confirms HELD claims (their concurrency leases renewed every quarter lease, as a dispatcher
+does while the calls run) and leaves one more claim unconfirmed (a dispatcher that died before
+confirming it), says so in ``PREFIX:holder-ready``, counts renewal rounds in
 ``PREFIX:holder-renewals``,
 and runs until it is killed. Time is the Redis server's.
 """
@@ -51,9 +51,9 @@ def main() -> None:
     for _ in range(HELD):
         claim = adm.nominate()
         assert claim is not None
-        adm.commit(claim)
+        adm.confirm(claim)
         leases.append(claim.claim_id)
-    assert adm.nominate() is not None  # claimed, never committed
+    assert adm.nominate() is not None  # claimed, never confirmed
     client.set(f"{prefix}:holder-ready", os.getpid())
     while True:  # the calls "run": renew their leases until the process is killed
         for lease in leases:

@@ -42,10 +42,10 @@ def build(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) -> Bui
 
 
 def drain(admitter: RedisAdmitter) -> list[str]:
-    """Claim and commit until nothing passes; the trajectory ids in order."""
+    """Claim and confirm until nothing passes; the trajectory ids in order."""
     order = []
     while (claim := admitter.nominate()) is not None:
-        admitter.commit(claim)
+        admitter.confirm(claim)
         assert admitter.gates is not None
         if claim.call.route:
             admitter.gates.settle(claim.call.route, claim.claim_id, None)
@@ -93,7 +93,7 @@ def test_a_gated_call_is_claimed_exactly_when_the_router_would_claim_it_next(
         for _ in range(claims):
             claim = admitter.nominate()
             if claim is not None:
-                admitter.commit(claim)
+                admitter.confirm(claim)
     entry = (tenant, "back", tokens, 500, None, OPENAI)
     queued, claim = returning.claim_returning(entry)
     routed.requeue(tenant, "back", input_tokens=tokens, output_allowance=500, route=OPENAI)
@@ -104,8 +104,8 @@ def test_a_gated_call_is_claimed_exactly_when_the_router_would_claim_it_next(
         assert claim.call.trajectory_id == expected.call.trajectory_id == "back"
         assert claim.call.charge == expected.call.charge
         assert claim.depths == expected.depths
-        returning.commit(claim)
-        routed.commit(expected)
+        returning.confirm(claim)
+        routed.confirm(expected)
     assert drain(returning) == drain(routed), "the same admissions follow, in the same order"
     assert returning.admitted() == routed.admitted()
 
@@ -120,7 +120,7 @@ def test_a_call_with_no_gate_is_claimed_at_once_past_queued_calls(build: Build) 
     assert queued and claim is not None
     assert claim.call.trajectory_id == "back" and claim.call.charge == 2_500
     assert depths(admitter) == before, "nothing else left its queue"
-    admitter.commit(claim)
+    admitter.confirm(claim)
     assert admitter.admitted()[0] == (1, 2_500), "counted as any admission"
     assert sorted(drain(admitter)) == sorted(
         [f"a-{n}" for n in range(3)] + [f"g-{n}" for n in range(3)]
@@ -133,7 +133,7 @@ def test_a_call_already_queued_changes_nothing_but_the_settlement(build: Build) 
     admitter.submit("acme", "first", input_tokens=2_000, output_allowance=500, route=OPENAI)
     held = admitter.nominate()
     assert held is not None and held.gate is not None and held.gate.leases == 1
-    admitter.commit(held)
+    admitter.confirm(held)
     admitter.submit("acme", "back", input_tokens=2_000, output_allowance=500, route=OPENAI)
     before = depths(admitter)
     answer = admitter.claim_returning(
@@ -154,7 +154,7 @@ def test_the_settled_slot_is_the_one_the_next_turn_takes(build: Build) -> None:
     running = [admitter.nominate(), admitter.nominate()]
     for claim in running:
         assert claim is not None
-        admitter.commit(claim)
+        admitter.confirm(claim)
     assert admitter.claim_returning(("globex", "other", 2_000, 500, None, OPENAI))[1] is None
     ended = running[0]
     assert ended is not None

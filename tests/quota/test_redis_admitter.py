@@ -90,21 +90,21 @@ def test_two_admitters_never_hold_the_same_call(make: Make) -> None:
     fill(first, route="")
     a, b = claimed(first), claimed(second)
     assert a.call.trajectory_id != b.call.trajectory_id
-    assert first.is_queued(a.call.trajectory_id)  # claimed, not yet committed
-    second.commit(b)
+    assert first.is_queued(a.call.trajectory_id)  # claimed, not yet confirmed
+    second.confirm(b)
     first.decline(a)  # back at the head of acme's queue, for any replica
     with pytest.raises(StaleNomination):
-        first.commit(a)  # a claim ends once
+        first.confirm(a)  # a claim ends once
     order = []
     while (claim := second.nominate()) is not None:
-        second.commit(claim)
+        second.confirm(claim)
         order.append(claim.call.trajectory_id)
     assert [t for t in order if t.startswith("acme")] == ["acme-0", "acme-2", "acme-3"]
     assert sorted([*order, b.call.trajectory_id]) == sorted(
         f"{t}-{k}" for t in ("acme", "globex") for k in range(4)
     )
     with pytest.raises(ClaimLapsed):
-        first.commit(b)  # committed already, through the other admitter
+        first.confirm(b)  # committed already, through the other admitter
     assert first.admitted() == [(4, 10_000), (4, 10_000)]
 
 
@@ -123,7 +123,7 @@ def test_a_gated_call_stays_ready_and_other_routes_go_on(make: Make) -> None:
     assert blocked.claim is None and blocked.reason == "concurrency"
     assert [t.queue_depth for t in admitter.figures().tenants] == depth_before  # still READY
     assert admitter.gates is not None
-    admitter.commit(held[0])
+    admitter.confirm(held[0])
     admitter.gates.settle(OPENAI, held[0].claim_id, 2_300)  # the reply came back: slot free
     assert admitter.nominate() is not None
 
@@ -140,7 +140,7 @@ def test_a_429_stops_admission_for_its_provider_for_that_long(
     )
     first = claimed(admitter)
     assert first.call.route == OPENAI
-    admitter.commit(first)
+    admitter.confirm(first)
     admitter.gates.after_reply(
         OPENAI,
         first.claim_id,
@@ -152,7 +152,7 @@ def test_a_429_stops_admission_for_its_provider_for_that_long(
     routes = []
     while (claim := admitter.nominate()) is not None:
         routes.append(claim.call.route)
-        admitter.commit(claim)
+        admitter.confirm(claim)
     assert routes == [ANTHROPIC]  # OpenAI calls wait READY while the provider asked us to
     clock.advance(19.9)
     assert admitter.claim().reason == "paused"
@@ -169,7 +169,7 @@ def test_header_feedback_lowers_headroom_through_the_claim(make: Make) -> None:
     admitted = []
     while (claim := admitter.nominate()) is not None:
         admitted.append(claim)
-        admitter.commit(claim)
+        admitter.confirm(claim)
     assert len(admitted) == 2  # 2 x 2,500 fit in 6,000; tpm alone would allow all four
     assert admitter.claim().reason == "remaining_tokens"
 
@@ -197,7 +197,7 @@ def test_another_configuration_on_the_same_state_is_refused(
         RedisAdmitter(redis_client, other, prefix=key_prefix)
 
 
-# --- the admission transaction: a debit without its commit is released ----------------------
+# --- the admission transaction: a debit without its confirmation is released ----------------------
 
 BUDGET = Budget(max_steps=20, max_tool_calls=20, max_tokens=100_000, deadline_s=1000)
 
@@ -217,7 +217,7 @@ def admit_in_store(store: MemoryStore, tid: str) -> None:
     store.compare_and_set(result.record, rec.record_version, result.rows)
 
 
-def test_a_claim_whose_dispatcher_died_before_its_commit_is_requeued_and_refunded(
+def test_a_claim_whose_dispatcher_died_before_confirming_it_is_requeued_and_refunded(
     make: Make, clock: ManualClock
 ) -> None:
     admitter = make(claim_ttl_s=5.0)
@@ -237,12 +237,12 @@ def test_a_claim_whose_dispatcher_died_before_its_commit_is_requeued_and_refunde
     assert (reading.requests, reading.tokens, reading.leases) == (0, 0, 0)
     assert admitter.figures().tenant("acme").credit == before
     with pytest.raises(ClaimLapsed):
-        admitter.commit(claim)
+        admitter.confirm(claim)
     again = claimed(admitter)
     assert again.call.trajectory_id == "t1"  # back at the head of its queue
 
 
-def test_a_claim_whose_record_was_admitted_but_never_committed_is_dropped(
+def test_a_claim_whose_record_was_admitted_but_never_confirmed_is_dropped(
     make: Make, clock: ManualClock
 ) -> None:
     admitter = make(claim_ttl_s=5.0)
@@ -256,12 +256,12 @@ def test_a_claim_whose_record_was_admitted_but_never_committed_is_dropped(
     assert not admitter.is_queued("t1")  # not READY in the store: not queued again
     assert admitter.gates.reading(OPENAI).requests == 0
     with pytest.raises(ClaimLapsed):
-        admitter.commit(claim)  # the send is fenced: debit again before it may leave
+        admitter.confirm(claim)  # the send is fenced: debit again before it may leave
     debit = admitter.gates.debit(OPENAI, claim.claim_id, claim.call.charge)
     assert debit.ok and debit.requests == 1
 
 
-def test_a_committed_claim_keeps_its_debit_through_reconciliation(
+def test_a_confirmed_claim_keeps_its_debit_through_reconciliation(
     make: Make, clock: ManualClock
 ) -> None:
     admitter = make(claim_ttl_s=5.0)
@@ -270,7 +270,7 @@ def test_a_committed_claim_keeps_its_debit_through_reconciliation(
     admitter.submit("acme", "t1", input_tokens=2_000, output_allowance=500, route=OPENAI)
     claim = claimed(admitter)
     admit_in_store(store, "t1")
-    admitter.commit(claim)
+    admitter.confirm(claim)
     clock.advance(5.0)
     assert admitter.gates.renew(OPENAI, claim.claim_id)
     assert admitter.reconcile(store_readiness(store)) == admitter.reconcile(store_readiness(store))
@@ -306,15 +306,15 @@ def test_a_batch_of_claims_is_the_same_as_claims_one_after_another(
     for _ in range(7):
         nomination = reference.nominate()
         assert nomination is not None
-        reference.commit(nomination)
+        reference.confirm(nomination)
         expected.append(nomination.call.trajectory_id)
     batch = admitter.claim_many(7)
     assert [c.call.trajectory_id for c in batch.claims] == expected
     assert len({c.claim_id for c in batch.claims}) == 7
     credits = [t.credit for t in admitter.figures().tenants]
     assert credits == [t.credit for t in reference.figures().tenants]
-    assert admitter.withdraw(expected[2])  # one claim is dropped before the commit
-    waits = admitter.commit_many(batch.claims)
+    assert admitter.withdraw(expected[2])  # one claim is dropped before its confirmation
+    waits = admitter.confirm_many(batch.claims)
     assert [w is None for w in waits] == [False, False, True, False, False, False, False]
     answers = admitter.requeue_many(
         [

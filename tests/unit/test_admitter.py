@@ -56,7 +56,7 @@ class Backlogged:
         while admitter.state.rounds < rounds:
             nomination = admitter.nominate()
             assert nomination is not None
-            admitter.commit(nomination)
+            admitter.confirm(nomination)
             call = nomination.call
             self.calls[call.tenant] += 1
             self.charge[call.tenant] += call.charge
@@ -176,7 +176,7 @@ def test_three_classes_as_service_classes_of_one_tenant() -> None:
     for _ in range(20_000):
         nomination = admitter.nominate()
         assert nomination is not None
-        admitter.commit(nomination)
+        admitter.confirm(nomination)
         call = nomination.call
         charge[call.service_class] += call.charge
         admitter.requeue(
@@ -297,7 +297,7 @@ def test_requeue_of_an_oversized_call_finalizes_with_max_tokens(admitter: Admitt
         admitter.requeue("initech", "t-9", input_tokens=1, output_allowance=1)
 
 
-# --- nomination, commit, decline -------------------------------------------------------------
+# --- nomination, confirm, decline ------------------------------------------------------------
 
 
 def two_backlogged(quantum: int = 5_000) -> Admitter:
@@ -321,10 +321,10 @@ def test_decline_keeps_credit_and_head_and_lets_the_other_tenant_go_first() -> N
     assert admitter.state.lanes[0].classes[0].queue[0] is first.call
     other = admitter.nominate()
     assert other is not None and other.call.trajectory_id == "b0"
-    admitter.commit(other)
+    admitter.confirm(other)
     again = admitter.nominate()
     while again is not None and again.call.tenant == "b":
-        admitter.commit(again)
+        admitter.confirm(again)
         again = admitter.nominate()
     assert again is not None and again.call is first.call
 
@@ -337,7 +337,7 @@ def test_stale_nominations_are_refused_and_change_nothing() -> None:
     assert not admitter.withdraw(nomination.call.trajectory_id)
     credits = [lane.credit for lane in admitter.state.lanes]
     with pytest.raises(StaleNomination):
-        admitter.commit(nomination)
+        admitter.confirm(nomination)
     with pytest.raises(StaleNomination):
         admitter.decline(nomination)
     assert [lane.credit for lane in admitter.state.lanes] == credits
@@ -350,7 +350,7 @@ def test_an_emptied_tenant_has_its_credit_reset() -> None:
         admitter.withdraw(f"a{k}")
     nomination = admitter.nominate()
     assert nomination is not None and nomination.call.trajectory_id == "a0"
-    admitter.commit(nomination)
+    admitter.confirm(nomination)
     assert admitter.state.lanes[0].queued == 0
     assert admitter.state.lanes[0].credit == 0
 
@@ -375,7 +375,7 @@ def test_a_quiet_tenant_goes_before_a_loud_one_mid_visit_but_only_once_per_round
     def admit() -> str:
         nomination = admitter.nominate()
         assert nomination is not None
-        admitter.commit(nomination)
+        admitter.confirm(nomination)
         order.append(nomination.call.tenant)
         return nomination.call.tenant
 
@@ -404,7 +404,7 @@ def test_figures_count_waits_charge_and_jain_in_the_window() -> None:
     for _ in range(2):
         nomination = admitter.nominate()
         assert nomination is not None
-        assert admitter.commit(nomination) == 3.0
+        assert admitter.confirm(nomination) == 3.0
     figures = admitter.figures()
     assert figures.jain_index == pytest.approx(1.0)
     a = figures.tenant("a")
@@ -419,7 +419,7 @@ def test_figures_count_waits_charge_and_jain_in_the_window() -> None:
         admitter.decline(nomination)
         nomination = admitter.nominate()
     assert nomination is not None
-    admitter.commit(nomination)
+    admitter.confirm(nomination)
     assert admitter.figures().jain_index == pytest.approx(0.5)
 
 

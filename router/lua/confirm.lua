@@ -1,4 +1,4 @@
--- commit.lua: end claims as admitted (each trajectory's compare-and-set admission committed).
+-- confirm.lua: end claims as admitted (each trajectory's compare-and-set admission committed).
 -- Runs after state.lua (keys and layout in its header).
 --
 -- KEYS[1]  B:st, the admitter's state hash

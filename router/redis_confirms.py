@@ -1,8 +1,8 @@
-"""How a claim of the Redis admitter ends when its dispatcher resolves it: commit or decline.
+"""How a claim of the Redis admitter ends when its dispatcher resolves it: confirm or decline.
 
-A commit (``lua/commit.lua``) keeps the claim's gate debit and counts the admission; a decline
-(``lua/resolve.lua``) puts the call back at the head of its queue with the credit it had and
-releases the debit. Either raises :class:`~kernel.errors.StaleNomination` (a commit its
+A confirmation (``lua/confirm.lua``) keeps the claim's gate debit and counts the admission; a
+decline (``lua/resolve.lua``) puts the call back at the head of its queue with the credit it had and
+releases the debit. Either raises :class:`~kernel.errors.StaleNomination` (a confirmation its
 subclass :class:`~kernel.errors.ClaimLapsed`) for a claim no longer pending, changing nothing.
 Design: ``docs/adr/0003-redis-admitter-claims.md``.
 """
@@ -23,18 +23,18 @@ from store.redis_client import Batch, script_reply, text
 
 
 class ClaimEnds:
-    """Commits and declines claims; every commit is recorded in this replica's ``book``."""
+    """Confirms and declines claims; every confirmation is recorded in this replica's ``book``."""
 
     def __init__(self, state: AdmitterState, book: FairnessBook) -> None:
         self._state = state
         self._book = book
-        self._commit = state.script("commit.lua")
+        self._confirm = state.script("confirm.lua")
         self._resolve = state.script("queue.lua", "gates.lua", "resolve.lua")
 
-    def commit(self, nomination: Nomination) -> float:
+    def confirm(self, nomination: Nomination) -> float:
         """End a claim as admitted; returns the call's admission wait (s), or raises
         :class:`ClaimLapsed` if the claim is no longer pending."""
-        wait = self.commit_many([nomination])[0]
+        wait = self.confirm_many([nomination])[0]
         if wait is None:
             claim = claim_of(nomination)
             raise ClaimLapsed(
@@ -43,29 +43,29 @@ class ClaimEnds:
             )
         return wait
 
-    def commit_many(self, nominations: Sequence[Nomination]) -> list[float | None]:
+    def confirm_many(self, nominations: Sequence[Nomination]) -> list[float | None]:
         """Commit several claims in one round trip; per claim its wait, or None if it lapsed."""
         claims = [claim_of(n) for n in nominations]
         state = self._state
-        reply = self._commit(state.keys, (state.now(), *(c.claim_id for c in claims)), retry=False)
-        return self._committed(claims, reply)
+        reply = self._confirm(state.keys, (state.now(), *(c.claim_id for c in claims)), retry=False)
+        return self._confirmed(claims, reply)
 
-    def commit_on(self, pipeline: Batch, claim: Claim) -> Callable[[Any], float | None]:
-        """Queue the commit of ``claim`` on a pipeline; the function returned turns its reply
-        into :meth:`commit_many`'s answer (a server that lost the script: committed again)."""
+    def confirm_on(self, pipeline: Batch, claim: Claim) -> Callable[[Any], float | None]:
+        """Queue the confirmation of ``claim`` on a pipeline; the function returned turns its reply
+        into :meth:`confirm_many`'s answer (a server that lost the script: confirmed again)."""
         state = self._state
         pipeline.execute_command(
-            "EVALSHA", self._commit.sha, 1, *state.keys, state.now(), claim.claim_id
+            "EVALSHA", self._confirm.sha, 1, *state.keys, state.now(), claim.claim_id
         )
 
         def finish(reply: Any) -> float | None:
             def again() -> Any:
-                return self._commit(state.keys, (state.now(), claim.claim_id), retry=False)
+                return self._confirm(state.keys, (state.now(), claim.claim_id), retry=False)
 
             try:
-                return self._committed([claim], script_reply(reply, again))[0]
+                return self._confirmed([claim], script_reply(reply, again))[0]
             except RedisError as exc:
-                raise StoreError(f"commit.lua: {exc}") from exc
+                raise StoreError(f"confirm.lua: {exc}") from exc
 
         return finish
 
@@ -80,7 +80,7 @@ class ClaimEnds:
                 "nothing to decline"
             )
 
-    def _committed(self, claims: Sequence[Claim], reply: Sequence[Any]) -> list[float | None]:
+    def _confirmed(self, claims: Sequence[Claim], reply: Sequence[Any]) -> list[float | None]:
         now = float(text(reply[0]))
         waits: list[float | None] = []
         for claim, done in zip(claims, reply[1:], strict=True):
