@@ -1,6 +1,6 @@
 """Two admitter processes on one Redis admit 10,000 calls through one narrow provider gate.
 
-What must hold (issue 9): no call is admitted twice; at every admission the gate's counters,
+What must hold: no call is admitted twice; at every admission the gate's counters,
 returned by the very script that debited them, are within their limits; the gates refuse at
 least 20 % of nominations; the loopback provider, counting by its own clock over arrivals,
 never sees a limit passed; while every tenant has READY work (equal backlogs) each tenant's
