@@ -16,6 +16,7 @@ Design: ``docs/adr/0008-turn-recovery.md``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from typing import Any, cast
 import redis
 
 from kernel.errors import ReinsError
+from kernel.record import OpKind, TrajectoryRecord
+from kernel.states import ACTING
 from router.feed import TurnMessage
 from store.redis_client import Batch, direct_batch, retry_transient, script_reply, text
 
@@ -43,6 +46,18 @@ elseif string.sub(v, 1, string.len(ARGV[2]) + 1) ~= ARGV[2] .. ':' then
   return 0
 end
 return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+# Move every entry of hash KEYS[1] into hash KEYS[2] (entries already there are kept), delete
+# KEYS[1] and add ARGV[1] (KEYS[2]'s custodian) to set KEYS[3]. Returns how many moved.
+_ORPHAN = """
+local entries = redis.call('HGETALL', KEYS[1])
+if #entries == 0 then return 0 end
+for i = 1, #entries, 2 do
+  redis.call('HSETNX', KEYS[2], entries[i], entries[i + 1])
+end
+redis.call('DEL', KEYS[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+return #entries / 2
 """
 # Forget member ARGV[1] (set KEYS[1]) when its custody hash KEYS[2] is empty.
 _FORGET = """
@@ -67,6 +82,26 @@ class Entrusted:
         tenant, _, tid = key.partition("/")
         version, epoch, call_id = raw.split(":", 2)
         return cls(tenant, tid, int(version), int(epoch), call_id, raw)
+
+    def in_turn(self, rec: TrajectoryRecord) -> bool:
+        """True while ``rec`` is still acting in the turn this entry was sent for."""
+        return (
+            rec.state in ACTING
+            and sent_turn(rec, self.call_id) == rec.turn
+            and rec.control_epoch == self.epoch
+            and rec.record_version >= self.version
+        )
+
+
+def sent_turn(rec: TrajectoryRecord, call_id: str) -> int | None:
+    """The turn that registered ``call_id`` (a model call's id names it; a tool's op holds it)."""
+    op = rec.operations.get(call_id)
+    if op is None:
+        return None
+    if op.kind is OpKind.MODEL:
+        _, _, n = call_id.rpartition("/m")
+        return int(n) if n.isdigit() else None
+    return op.turn
 
 
 def _entry(member: str, payload: dict[str, Any]) -> tuple[str, str, str]:
@@ -97,6 +132,7 @@ class Custody:
         self.recoveries_key = f"{prefix}:fleet:recoveries"
         self._release = client.register_script(_RELEASE)
         self._forget = client.register_script(_FORGET)
+        self._orphan = client.register_script(_ORPHAN)
         self._pending: list[tuple[str, str, str]] = []
 
     def key(self, member: str) -> str:
@@ -217,6 +253,29 @@ class Custody:
         """Claim the recovery of ``turn``: True for exactly one caller."""
         args = [f"{turn.tenant}/{turn.trajectory_id}", turn.raw, "exact"]
         return bool(self._release(keys=[self.key(member)], args=args))
+
+    def orphan(self, member: str, previous: str) -> int:
+        """Hand every turn in ``member``'s custody to ``previous``, a custodian no member is
+        named after (an earlier incarnation of ``member``): the reconciler finds it not live
+        and recovers its turns. Returns how many turns moved."""
+        keys = [self.key(member), self.key(previous), self.members_key]
+        return int(self._orphan(keys=keys, args=[previous]))
+
+    def naming(self, tenant: str, trajectory_id: str) -> list[tuple[str, Entrusted]]:
+        """Every custodian's entry for the trajectory (one round trip after the custodians)."""
+        custodians = sorted(self.custodians())
+        if not custodians:
+            return []
+        field = f"{tenant}/{trajectory_id}"
+        pipe = self.client.pipeline(transaction=False)
+        for member in custodians:
+            pipe.hget(self.key(member), field)
+        out = []
+        for member, raw in zip(custodians, pipe.execute(), strict=True):
+            if raw is not None:
+                with contextlib.suppress(ValueError):
+                    out.append((member, Entrusted.parse(field, text(raw))))
+        return out
 
     def forget(self, member: str) -> bool:
         """Drop ``member`` from the custodians once it has nothing in custody."""

@@ -5,15 +5,19 @@ Keys (under the key prefix; two keys, no multi-key operation, so Redis Cluster i
 ``<prefix>:ring:members``  one hash holding every member's entry:
     ``w:<name>``  weight; its presence is what "registered" means
     ``hb:<name>`` time of the last heartbeat, in seconds
+    ``i:<name>``  the incarnation (one id per process) that registered last
+    ``p:<name>``  its consumer's progress: ``taken:finished:queued:moved_at``
     ``d:<name>``  present while the member is draining (the drain flag lives beside the weight)
 ``<prefix>:ring:replicas`` one hash, replica id -> JSON report of the ring that replica built:
     its fingerprint, which members it places new work on, which it drains, when it published.
 
-A member whose heartbeat is older than ``heartbeat_timeout_s`` is lapsed (left out of the
-ring); a drain is acknowledged once no live replica's published ring places new work on the
-member. Heartbeat and drain write only while the member is registered; removal deletes the
-whole entry at once. Bad input raises a RingError subclass and writes nothing. Time is Redis's
-``TIME`` unless a clock is injected. Design: ``docs/adr/0007-ring-and-membership.md``.
+A member whose heartbeat is older than ``heartbeat_timeout_s`` is lapsed, and one whose queue has
+work while its progress has not moved for ``stall_timeout_s`` is stalled; either is not live (left
+out of the ring, and its turns are recovered); a drain is acknowledged once no live replica's
+published ring places new work on the member. Heartbeat and drain write only while the member is
+registered; removal deletes the whole entry at once. Bad input raises a RingError subclass and
+writes nothing. Time is Redis's ``TIME`` unless a clock is injected. Design:
+``docs/adr/0007-ring-and-membership.md``.
 """
 
 from __future__ import annotations
@@ -40,21 +44,40 @@ from store.redis_client import text
 
 Clock = Callable[[], float]
 
-_WEIGHT, _HEARTBEAT, _DRAIN = "w:", "hb:", "d:"
+_WEIGHT, _HEARTBEAT, _DRAIN, _INCARNATION, _PROGRESS = "w:", "hb:", "d:", "i:", "p:"
 # Beside this module rather than via importlib.resources: an editable install can present
 # ``router`` as a namespace package, which importlib.resources refuses.
 _SET_IF_MEMBER = Path(__file__).with_name("set_if_member.lua")
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    """What a member's consumer has done: messages taken, turns finished, and how many
+    messages its queue held when it last looked."""
+
+    taken: int = 0
+    finished: int = 0
+    queued: int = 0
+
+    def moved(self, other: Progress) -> bool:
+        """True when the consumer did something since ``other``."""
+        return (self.taken, self.finished) != (other.taken, other.finished)
+
+
+@dataclass(frozen=True, slots=True)
 class MemberRecord:
-    """A registered member as Redis holds it, with whether its heartbeat is current."""
+    """A registered member as Redis holds it, with whether it is live (heartbeat current, and
+    not stalled: work in its queue while its progress stands still)."""
 
     name: str
     weight: float
     heartbeat_at: float
     draining: bool
     live: bool
+    incarnation: str = ""
+    progress: Progress = Progress()
+    progress_moved_at: float = float("-inf")
+    stalled: bool = False
 
     def as_member(self) -> Member:
         """The ring member this record stands for."""
@@ -93,6 +116,7 @@ class Membership:
         key_prefix: str,
         *,
         heartbeat_timeout_s: float = 5.0,
+        stall_timeout_s: float = float("inf"),
         clock: Clock | None = None,
         points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT,
     ) -> None:
@@ -105,36 +129,63 @@ class Membership:
         self.members_key = f"{key_prefix}:ring:members"
         self.replicas_key = f"{key_prefix}:ring:replicas"
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self._moved: dict[str, tuple[Progress, float]] = {}  # this process's own members
         self.points_per_weight = points_per_weight
         self._clock: Clock = clock if clock is not None else self._redis_time
         self._set_if_member = client.register_script(_SET_IF_MEMBER.read_text())
 
     # --- writes --------------------------------------------------------------------------------
 
-    def register(self, name: str, weight: float = 1.0) -> None:
-        """Register (or re-register) a member with a weight and a fresh heartbeat, atomically."""
+    def register(self, name: str, weight: float = 1.0, incarnation: str = "") -> None:
+        """Register (or re-register) a member with a weight, a fresh heartbeat, its incarnation
+        and no progress yet, atomically."""
         name = check_name(name)
         value = check_weight(name, weight)
         now = self._clock()
-        self._client.hset(
-            self.members_key,
-            mapping={_WEIGHT + name: repr(value), _HEARTBEAT + name: repr(now)},
-        )
+        self._moved[name] = (Progress(), now)
+        fields: dict[Any, Any] = {  # redis-py types its mapping keys invariantly
+            _WEIGHT + name: repr(value),
+            _HEARTBEAT + name: repr(now),
+            _PROGRESS + name: _progress_text(Progress(), now),
+        }
+        if incarnation:
+            fields[_INCARNATION + name] = incarnation
+        self._client.hset(self.members_key, mapping=fields)
 
-    def heartbeat(self, name: str) -> None:
-        """Record that ``name`` is alive now; raises UnknownMember if it is not registered."""
-        self._set_field(name, _HEARTBEAT + name, repr(self._clock()))
+    def heartbeat(self, name: str, progress: Progress | None = None) -> None:
+        """Record that ``name`` is alive now, with its consumer's ``progress`` when given;
+        raises UnknownMember if it is not registered."""
+        now = self._clock()
+        if progress is None:
+            self._set_fields(name, {_HEARTBEAT + name: repr(now)})
+            return
+        last, moved_at = self._moved.get(name, (progress, now))
+        if progress.moved(last) or name not in self._moved:
+            moved_at = now
+        self._moved[name] = (progress, moved_at)
+        fields = {
+            _HEARTBEAT + name: repr(now),
+            _PROGRESS + name: _progress_text(progress, moved_at),
+        }
+        self._set_fields(name, fields)
+
+    def incarnation(self, name: str) -> str | None:
+        """The incarnation that registered ``name`` last, or None (never, or removed)."""
+        found = self._client.hget(self.members_key, _INCARNATION + check_name(name))
+        return None if found is None else text(found)
 
     def drain(self, name: str) -> None:
         """Flag ``name`` as draining; raises UnknownMember if it is not registered."""
-        self._set_field(name, _DRAIN + name, "1")
+        self._set_fields(name, {_DRAIN + name: "1"})
 
     def remove(self, name: str) -> None:
         """Delete a member's whole entry in one transaction; raises UnknownMember if absent."""
         check_name(name)
         pipe = self._client.pipeline(transaction=True)
         pipe.hexists(self.members_key, _WEIGHT + name)
-        pipe.hdel(self.members_key, _WEIGHT + name, _HEARTBEAT + name, _DRAIN + name)
+        fields = (_WEIGHT, _HEARTBEAT, _DRAIN, _INCARNATION, _PROGRESS)
+        pipe.hdel(self.members_key, *(f + name for f in fields))
         existed, _ = pipe.execute()
         if not existed:
             raise self._unknown(name)
@@ -158,33 +209,24 @@ class Membership:
 
     def records(self) -> tuple[MemberRecord, ...]:
         """Every registered member, sorted by name, each marked live or lapsed as of now."""
-        raw = self._hgetall(self.members_key)
+        fields = _Fields.parse(self.members_key, self._hgetall(self.members_key))
         now = self._clock()
-        weights: dict[str, float] = {}
-        beats: dict[str, float] = {}
-        draining: set[str] = set()
-        for field, value in raw.items():
-            kind, _, name = field.partition(":")
-            try:
-                if kind == "w":
-                    weights[name] = float(value)
-                elif kind == "hb":
-                    beats[name] = float(value)
-                elif kind == "d":
-                    draining.add(name)
-            except ValueError:
-                raise StoreError(
-                    f"{self.members_key}: field {field!r} holds {value!r}, not a number"
-                ) from None
-        return tuple(
-            MemberRecord(
-                name=name,
-                weight=weights[name],
-                heartbeat_at=beats.get(name, float("-inf")),
-                draining=name in draining,
-                live=now - beats.get(name, float("-inf")) <= self.heartbeat_timeout_s,
-            )
-            for name in sorted(weights)
+        return tuple(self._record(fields, name, now) for name in sorted(fields.weights))
+
+    def _record(self, f: _Fields, name: str, now: float) -> MemberRecord:
+        beat = f.beats.get(name, float("-inf"))
+        progress, moved_at = f.progress.get(name, (Progress(), float("-inf")))
+        stalled = progress.queued > 0 and now - moved_at > self.stall_timeout_s
+        return MemberRecord(
+            name=name,
+            weight=f.weights[name],
+            heartbeat_at=beat,
+            draining=name in f.draining,
+            live=now - beat <= self.heartbeat_timeout_s and not stalled,
+            incarnation=f.incarnations.get(name, ""),
+            progress=progress,
+            progress_moved_at=moved_at,
+            stalled=stalled,
         )
 
     def live_members(self) -> tuple[Member, ...]:
@@ -238,9 +280,10 @@ class Membership:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    def _set_field(self, name: str, field: str, value: str) -> None:
+    def _set_fields(self, name: str, fields: dict[str, str]) -> None:
         check_name(name)
-        written = self._set_if_member(keys=[self.members_key], args=[_WEIGHT + name, field, value])
+        args = [_WEIGHT + name, *(x for pair in fields.items() for x in pair)]
+        written = self._set_if_member(keys=[self.members_key], args=args)
         if not written:
             raise self._unknown(name)
 
@@ -261,6 +304,50 @@ class Membership:
     def _redis_time(self) -> float:
         seconds, micros = self._client.time()
         return seconds + micros / 1_000_000
+
+
+def _progress_text(progress: Progress, moved_at: float) -> str:
+    return f"{progress.taken}:{progress.finished}:{progress.queued}:{moved_at!r}"
+
+
+@dataclass
+class _Fields:
+    """The membership hash's fields, by kind and member."""
+
+    weights: dict[str, float]
+    beats: dict[str, float]
+    draining: set[str]
+    incarnations: dict[str, str]
+    progress: dict[str, tuple[Progress, float]]
+
+    @classmethod
+    def parse(cls, key: str, raw: dict[str, str]) -> _Fields:
+        """Read every field; a number that is not one raises :class:`StoreError` naming it."""
+        out = cls({}, {}, set(), {}, {})
+        for field, value in raw.items():
+            kind, _, name = field.partition(":")
+            try:
+                out.add(kind, name, value)
+            except ValueError:
+                raise StoreError(f"{key}: field {field!r} holds {value!r}, not a number") from None
+        return out
+
+    def add(self, kind: str, name: str, value: str) -> None:
+        """One field (unknown kinds are ignored: a newer build may add some)."""
+        if kind == "w":
+            self.weights[name] = float(value)
+        elif kind == "hb":
+            self.beats[name] = float(value)
+        elif kind == "d":
+            self.draining.add(name)
+        elif kind == "i":
+            self.incarnations[name] = value
+        elif kind == "p":
+            taken, finished, queued, moved_at = value.split(":", 3)
+            self.progress[name] = (
+                Progress(int(taken), int(finished), int(queued)),
+                float(moved_at),
+            )
 
 
 class ReplicaRing:

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.errors import ReinsError
-from kernel.record import OpKind, TrajectoryRecord
+from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState
 from router.custody import Custody, Entrusted
 from router.membership import MemberRecord, Membership
 from router.ring import Ring
-from router.stranded import ACTING, StrandedTurns
+from router.stranded import StrandedTurns
 from router.submit import RouterApi
 
 log = logging.getLogger("reins.router.reconcile")
@@ -131,20 +131,4 @@ class Reconciler:
         if rec.state is LifecycleState.READY:
             self.api.requeue(rec)
             return False
-        return (
-            rec.state in ACTING
-            and _sent_turn(rec, h.call_id) == rec.turn
-            and rec.control_epoch == h.epoch
-            and rec.record_version >= h.version
-        )
-
-
-def _sent_turn(rec: TrajectoryRecord, call_id: str) -> int | None:
-    """The turn that registered ``call_id`` (a model call's id names it; a tool's op holds it)."""
-    op = rec.operations.get(call_id)
-    if op is None:
-        return None
-    if op.kind is OpKind.MODEL:
-        _, _, n = call_id.rpartition("/m")
-        return int(n) if n.isdigit() else None
-    return op.turn
+        return h.in_turn(rec)

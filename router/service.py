@@ -19,6 +19,7 @@ import redis
 
 from kernel.errors import ReinsError
 from kernel.settings import Settings
+from kernel.states import LifecycleState
 from router.boot import AdmitterKind, RouterOptions, RouterParts, load_gate_config
 from router.chores import (
     HELD_APPROVALS_EVERY_S,
@@ -33,6 +34,7 @@ from router.observe import RouterObserver
 from router.reconcile import Reconciler
 from router.stranded import StrandedTurns
 from router.submit import RouterApi
+from router.sweeps import IndexCursor, ReadySweep
 from router.ticker import Ticker
 
 __all__ = [
@@ -87,8 +89,20 @@ class RouterService:
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
         self.report = FleetReport(self.membership, tenants)
         api = self.api()
-        self.stranded = StrandedTurns(
-            api, tenants, after_s=2 * settings.visibility_timeout_s, clock=time.monotonic
+        self.stranded = StrandedTurns.over(
+            api,
+            tenants,
+            custody=self.custody,
+            after_s=settings.heartbeat_timeout_s,
+            slow_after_s=2 * settings.visibility_timeout_s,
+            clock=time.monotonic,
+        )
+        self.ready_sweep = ReadySweep(
+            api,
+            IndexCursor(self.store, tenants, (LifecycleState.READY,)),
+            queued=lambda tid: self.dispatcher.admitter.is_queued(tid),
+            grace_s=settings.heartbeat_timeout_s,
+            clock=time.monotonic,
         )
         self.ticker = Ticker(api, tenants, TICK_EVERY_S, clock=time.time)
         self.reconciler = Reconciler(
@@ -123,6 +137,8 @@ class RouterService:
         self.replica.refresh()
         self.send_on_handbacks()
         self.reconciler.tick()  # lapsed members' turns, then the stranded-turn backstop
+        if self.admitting:  # only an admitter knows what its queues hold
+            self.ready_sweep.sweep()
         self.ticker.tick()  # time for waiting trajectories (every TICK_EVERY_S)
         if self.shared:
             reconcile_claims(self.dispatcher.admitter, self.store)

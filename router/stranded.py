@@ -1,11 +1,14 @@
 """Stranded turns: a trajectory left mid-turn with no worker carrying it on, recovered.
 
-:class:`StrandedTurns` is the router's slow backstop, run by the reconciler after its own pass
-(:mod:`router.reconcile`), for turns no custody entry names. Each sweep lists the acting
-trajectories of every tenant, remembers when it first saw each at which version, and delivers
-``Recover`` to those still at that version after ``after_s`` (longer than the longest turn), by
-compare-and-set on that version: a slow turn that moved on is left alone, and two routers recover a
-turn once. Design: ``docs/adr/0008-turn-recovery.md``.
+:class:`StrandedTurns` is the router's backstop, run by the reconciler after its own pass
+(:mod:`router.reconcile`). It walks the acting trajectories of every tenant a page per tick
+(:class:`router.sweeps.IndexCursor`) and delivers ``Recover`` by compare-and-set to one whose
+version has stood still for ``after_s`` while no member's custody names it in its current turn:
+a router or worker died between the admission's compare-and-set and its custody entry, or a
+worker gave the turn up after its commits failed. Such a turn is recovered within
+``2 * after_s`` plus one walk of the acting index. A turn a live member still has in custody is
+left to it for ``slow_after_s`` (longer than the longest turn) before it is recovered anyway.
+Two routers recover a turn once. Design: ``docs/adr/0008-turn-recovery.md``.
 """
 
 from __future__ import annotations
@@ -15,11 +18,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kernel.errors import ReinsError
-from kernel.states import LifecycleState
+from kernel.record import TrajectoryRecord
+from kernel.states import ACTING
+from router.custody import Custody
 from router.submit import RouterApi
+from router.sweeps import IndexCursor, Key
 
 log = logging.getLogger("reins.router.stranded")
-ACTING = (LifecycleState.CALLING_MODEL, LifecycleState.WAITING_TOOL)
+_ACTING = tuple(sorted(ACTING, key=lambda s: s.value))
+
+
+@dataclass
+class _Watch:
+    since: float  # when this version was first seen
+    version: int | None  # None until the record was first read
+    check_at: float  # when to read it again
+    lap: int = 0  # the cursor's walk it was last seen in
 
 
 @dataclass
@@ -27,37 +41,73 @@ class StrandedTurns:
     """Finds and recovers stranded turns (see the module docstring)."""
 
     api: RouterApi
-    tenants: tuple[str, ...]
+    cursor: IndexCursor
+    custody: Custody | None
     after_s: float
+    slow_after_s: float
     clock: Callable[[], float]
+    budget: int = 256
     recovered: int = 0
-    _seen: dict[tuple[str, str], tuple[float, int | None]] = field(default_factory=dict)
+    _watch: dict[Key, _Watch] = field(default_factory=dict)
+
+    @classmethod
+    def over(
+        cls,
+        api: RouterApi,
+        tenants: tuple[str, ...],
+        *,
+        custody: Custody | None,
+        after_s: float,
+        slow_after_s: float,
+        clock: Callable[[], float],
+    ) -> StrandedTurns:
+        """The backstop over the acting trajectories of ``tenants`` in ``api``'s store."""
+        cursor = IndexCursor(api.store, tenants, _ACTING)
+        return cls(api, cursor, custody, after_s, slow_after_s, clock)
 
     def sweep(self) -> list[str]:
-        """One pass; returns the trajectories recovered."""
-        now = self.clock()
-        acting = {
-            (t, tid) for t in self.tenants for s in ACTING for tid in self.api.store.list(t, s)
-        }
-        for gone in set(self._seen) - acting:
-            del self._seen[gone]
+        """One page of the walk; returns the trajectories recovered."""
+        now, lap = self.clock(), self.cursor.laps
         out = []
-        for key in acting:
-            first, version = self._seen.setdefault(key, (now, None))
-            if now - first < self.after_s:
+        for key in self.cursor.take(self.budget):
+            watch = self._watch.get(key)
+            if watch is None:
+                self._watch[key] = _Watch(now, None, now + self.after_s, lap)
                 continue
-            try:
-                current = self.api.store.load(*key)
-            except ReinsError:
-                continue
-            if current.state not in ACTING:
-                del self._seen[key]
-            elif version != current.record_version:
-                self._seen[key] = (now, current.record_version)  # moved on: watch again
-            elif self.api.recover(current):
+            watch.lap = lap
+            if now >= watch.check_at and self._check(key, watch, now):
                 out.append(key[1])
-                del self._seen[key]
+                self._watch.pop(key, None)
+        gone = [k for k, w in self._watch.items() if w.lap < self.cursor.laps - 1]
+        for key in gone:  # a whole walk did not see it: it is acting no more
+            del self._watch[key]
         self.recovered += len(out)
         if out:
             log.warning("recovered %d stranded turns: %s", len(out), out[:10])
         return out
+
+    def _check(self, key: Key, watch: _Watch, now: float) -> bool:
+        """Read the record; True when it was stranded and is now recovered."""
+        try:
+            rec = self.api.store.load(*key)
+            if rec.state not in ACTING:
+                del self._watch[key]
+                return False
+            if rec.record_version != watch.version:  # moved on (or first read): watch again
+                watch.since, watch.version, watch.check_at = now, rec.record_version, now
+                watch.check_at += self.after_s
+                return False
+            if self._in_custody(rec) and now - watch.since < self.slow_after_s:
+                watch.check_at = now + self.after_s
+                return False
+            return self.api.recover(rec)
+        except ReinsError as exc:  # gone, refused, or Redis: the next walk looks again
+            log.info("stranded check of %s/%s: %s", key[0], key[1], exc)
+            watch.check_at = now + self.after_s
+            return False
+
+    def _in_custody(self, rec: TrajectoryRecord) -> bool:
+        if self.custody is None:
+            return False
+        naming = self.custody.naming(rec.tenant, rec.trajectory_id)
+        return any(entry.in_turn(rec) for _, entry in naming)

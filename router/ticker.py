@@ -1,9 +1,10 @@
 """Time for the trajectories no event wakes: the router delivers the kernel's ``Tick``.
 
-:class:`Ticker`, run at the router's tick, lists the waiting trajectories (PAUSED,
-AWAITING_APPROVAL, WAITING_TOOL) of every tenant every ``every_s`` seconds and delivers ``Tick``
-to a rotating window of at most ``batch`` of them through :meth:`router.submit.RouterApi.deliver`,
-so wall-clock limits, approval expiry and tool deadlines take effect. A tick that changes nothing
+:class:`Ticker`, run at the router's tick, delivers ``Tick`` every ``every_s`` seconds to the next
+``batch`` trajectories that wait between turns (READY, PAUSED, AWAITING_APPROVAL, WAITING_TOOL),
+walking the store's index of those states a page at a time
+(:class:`router.sweeps.IndexCursor`), through :meth:`router.submit.RouterApi.deliver`, so
+wall-clock limits, approval expiry and tool deadlines take effect. A tick that changes nothing
 writes nothing; two routers ticking at once change a record once.
 Design: ``docs/adr/0010-ticks-for-waiting-trajectories.md``.
 """
@@ -18,10 +19,13 @@ from kernel.errors import ReinsError
 from kernel.events import Tick
 from kernel.states import LifecycleState
 from router.submit import RouterApi
+from router.sweeps import IndexCursor
 
 log = logging.getLogger("reins.router.ticker")
-#: The states in which only time (or an outside event) moves a trajectory on.
+#: The states in which a trajectory waits between turns: time (or an outside event) moves it on,
+#: and a READY one past its wall-clock limit must end even while no admission comes.
 WAITING = (
+    LifecycleState.READY,
     LifecycleState.PAUSED,
     LifecycleState.AWAITING_APPROVAL,
     LifecycleState.WAITING_TOOL,
@@ -39,7 +43,7 @@ class Ticker:
     batch: int = 200
     ticked: int = 0  # ticks that changed a record, since start
     _next_at: float = float("-inf")
-    _cursor: int = 0
+    _cursor: IndexCursor | None = None
 
     def tick(self) -> list[str]:
         """One visit, when it is due; returns the trajectories a tick changed."""
@@ -47,17 +51,9 @@ class Ticker:
         if now < self._next_at:
             return []
         self._next_at = now + self.every_s
-        waiting = [
-            (tenant, tid)
-            for tenant in self.tenants
-            for state in WAITING
-            for tid in self.api.store.list(tenant, state)
-        ]
-        if not waiting:
-            return []
-        start = self._cursor % len(waiting)
-        window = (waiting[start:] + waiting[:start])[: self.batch]
-        self._cursor = start + len(window)
+        if self._cursor is None:
+            self._cursor = IndexCursor(self.api.store, self.tenants, WAITING)
+        window = self._cursor.take(self.batch)
         changed = []
         for tenant, tid in window:
             try:

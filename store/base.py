@@ -297,6 +297,15 @@ class SnapshotStore(abc.ABC):
     def list(self, tenant: str, state: LifecycleState | None = None) -> builtins.list[str]:
         """Ids of the tenant's trajectories (in ``state`` when given), sorted; from the index."""
 
+    def page(
+        self, tenant: str, state: LifecycleState, offset: int, limit: int
+    ) -> builtins.list[str]:
+        """Up to ``limit`` ids of the tenant's trajectories in ``state``, from position
+        ``offset`` of the index's own order (a page shorter than ``limit`` is the last). Paging
+        costs bounded work per call; ids that move between states meanwhile may be skipped or
+        seen twice, so a caller sweeping the index goes round again."""
+        return self.list(tenant, state)[offset : offset + limit]
+
     def count(self, tenant: str, state: LifecycleState | None = None) -> int:
         """How many trajectories the tenant has (in ``state``); a backend answers from its
         index without listing them (a submission checks its tenant's backlog this way)."""

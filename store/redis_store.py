@@ -271,6 +271,18 @@ class RedisStore(TrajectoryStore):
         skip = len(self.prefix) + len(_enc(tenant)) + 3  # "{P:T:"
         return sorted(unquote(text(m)[skip : -len(_SNAP_SUFFIX)]) for m in members)
 
+    def page(
+        self, tenant: str, state: LifecycleState, offset: int, limit: int
+    ) -> builtins.list[str]:
+        """One ``ZRANGEBYSCORE ... LIMIT`` over the state's score: snapshot-key order."""
+        key, code = self.index_key(tenant), STATE_CODES[state]
+        members = self._read(
+            f"paging tenant {tenant}",
+            lambda: self._client.zrangebyscore(key, code, code, start=offset, num=limit),
+        )
+        skip = len(self.prefix) + len(_enc(tenant)) + 3  # "{P:T:"
+        return [unquote(text(m)[skip : -len(_SNAP_SUFFIX)]) for m in members]
+
     def count(self, tenant: str, state: LifecycleState | None = None) -> int:
         """ZCOUNT over the tenant's index (one score per state): no ids are read."""
         key = self.index_key(tenant)

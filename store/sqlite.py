@@ -213,6 +213,18 @@ class SqliteStore(TrajectoryStore):
             rows = self._conn().execute(sql + " ORDER BY trajectory_id", args).fetchall()
         return [str(row[0]) for row in rows]
 
+    def page(
+        self, tenant: str, state: LifecycleState, offset: int, limit: int
+    ) -> builtins.list[str]:
+        """One ``LIMIT ... OFFSET`` over the (tenant, state) index, by id."""
+        sql = (
+            "SELECT trajectory_id FROM snapshots WHERE tenant = ? AND state = ?"
+            " ORDER BY trajectory_id LIMIT ? OFFSET ?"
+        )
+        with self._errors(f"paging tenant {tenant}"):
+            rows = self._conn().execute(sql, [tenant, state.value, limit, offset]).fetchall()
+        return [str(row[0]) for row in rows]
+
     def count(self, tenant: str, state: LifecycleState | None = None) -> int:
         """COUNT over the (tenant, state) index."""
         sql, args = "SELECT COUNT(*) FROM snapshots WHERE tenant = ?", [tenant]

@@ -255,6 +255,28 @@ def test_the_state_index_follows_every_commit(store: TrajectoryStore) -> None:
     assert store.count("acme", LifecycleState.READY) == 2 and store.count("acme") == 3
 
 
+@pytest.mark.parametrize("limit", [1, 2, 3, 50])
+def test_pages_of_a_state_cover_its_index_once(store: TrajectoryStore, limit: int) -> None:
+    ids = [f"t{i}" for i in range(7)] + ["a:b", "z%2F"]
+    for tid in ids:
+        store.create(make_record(tid))
+    moved = store.load("acme", "t3")
+    store.compare_and_set(next_version(moved, LifecycleState.CALLING_MODEL), 1)
+    seen: list[str] = []
+    offset = 0
+    while True:
+        page = store.page("acme", LifecycleState.READY, offset, limit)
+        assert len(page) <= limit
+        seen += page
+        offset += len(page)
+        if len(page) < limit:
+            break
+    assert sorted(seen) == sorted(store.list("acme", LifecycleState.READY))
+    assert len(seen) == len(set(seen)) == len(ids) - 1 and "t3" not in seen
+    assert store.page("acme", LifecycleState.CALLING_MODEL, 0, limit) == ["t3"]
+    assert store.page("globex", LifecycleState.READY, 0, limit) == []
+
+
 def test_the_chain_is_append_only_and_gapless(store: TrajectoryStore) -> None:
     rec = make_record()
     store.create(rec)

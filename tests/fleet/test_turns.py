@@ -199,7 +199,9 @@ def test_a_turn_stranded_between_the_refund_and_its_result_is_swept_with_one_ref
     report = inproc.runner.run(stranded, redelivered=True)  # its version is stale now
     assert "stale version" in report.reason and inproc.load("globex", tid) == rec
     clock = ManualClock()
-    sweep = StrandedTurns(inproc.api, ("globex",), 5.0, clock)
+    sweep = StrandedTurns.over(
+        inproc.api, ("globex",), custody=None, after_s=5.0, slow_after_s=600.0, clock=clock
+    )
     for now in (0.0, 6.0, 12.0):  # first seen; version noted; still there: stranded
         clock.set(now)
         recovered = sweep.sweep()
@@ -248,7 +250,14 @@ def test_a_turn_whose_message_was_lost_is_recovered_by_the_router_sweep(
     tid = inproc.api.submit("initech", refund_job(oid)).trajectory_id
     lost = one_turn_message(inproc)  # admitted and sent; the worker died holding it
     clock = ManualClock()
-    sweep = StrandedTurns(inproc.api, ("acme", "globex", "initech"), 10.0, clock)
+    sweep = StrandedTurns.over(
+        inproc.api,
+        ("acme", "globex", "initech"),
+        custody=None,
+        after_s=10.0,
+        slow_after_s=600.0,
+        clock=clock,
+    )
     assert sweep.sweep() == []  # first seen now
     clock.set(11.0)
     assert sweep.sweep() == []  # old enough: its version is noted, and watched again

@@ -20,7 +20,7 @@ from kernel.errors import (
     UnknownMember,
 )
 from ops.cli_ring import ring_app
-from router.membership import Membership, ReplicaRing
+from router.membership import Membership, Progress, ReplicaRing
 from router.ring import Member, MemberState, Ring
 from tests.support import ManualClock
 
@@ -114,7 +114,7 @@ def test_remove_deletes_the_whole_entry(membership: Membership, redis_client: re
     membership.register("w2")
     membership.drain("w2")
     membership.remove("w2")
-    assert set(raw_state(redis_client, membership)) == {b"w:w1", b"hb:w1"}
+    assert set(raw_state(redis_client, membership)) == {b"w:w1", b"hb:w1", b"p:w1"}
     membership.register("w2")  # a new worker of the same name starts active
     assert not membership.build_ring().member("w2").draining
 
@@ -316,3 +316,58 @@ def test_cli_names_an_unknown_member(cli_env: dict[str, str]) -> None:
     result = CliRunner().invoke(ring_app, ["drain", "ghost"], env=cli_env)
     assert isinstance(result.exception, UnknownMember)
     assert "'ghost'" in str(result.exception)
+
+
+# --- incarnations and progress -------------------------------------------------------------
+
+
+def test_each_registration_records_its_incarnation(membership: Membership) -> None:
+    assert membership.incarnation("w1") is None
+    membership.register("w1", incarnation="run-a")
+    membership.register("w1", incarnation="run-b")  # the same name, restarted
+    assert membership.incarnation("w1") == "run-b"
+    assert membership.records()[0].incarnation == "run-b"
+    membership.remove("w1")
+    assert membership.incarnation("w1") is None
+
+
+def stalling(redis_client: redis.Redis, key_prefix: str, clock: ManualClock) -> Membership:
+    return Membership(
+        redis_client,
+        key_prefix,
+        heartbeat_timeout_s=TIMEOUT,
+        stall_timeout_s=3.0,
+        clock=clock,
+        points_per_weight=POINTS,
+    )
+
+
+def test_a_member_whose_queue_has_work_and_whose_progress_stands_still_is_not_live(
+    redis_client: redis.Redis, key_prefix: str, clock: ManualClock
+) -> None:
+    membership = stalling(redis_client, key_prefix, clock)
+    membership.register("w1")
+    membership.register("w2")
+    for _ in range(5):  # heartbeats keep coming; only w1's consumer takes messages
+        clock.advance(1.0)
+        taken = int(clock.now)
+        membership.heartbeat("w1", Progress(taken=taken, finished=taken, queued=5))
+        membership.heartbeat("w2", Progress(taken=7, finished=7, queued=5))
+    by_name = {r.name: r for r in membership.records()}
+    assert by_name["w1"].live and not by_name["w1"].stalled
+    assert by_name["w2"].stalled and not by_name["w2"].live
+    assert [m.name for m in membership.build_ring().members] == ["w1"]
+    membership.heartbeat("w2", Progress(taken=8, finished=7, queued=5))  # it moved again
+    assert {r.name: r.live for r in membership.records()} == {"w1": True, "w2": True}
+
+
+def test_an_idle_member_with_nothing_queued_is_never_stalled(
+    redis_client: redis.Redis, key_prefix: str, clock: ManualClock
+) -> None:
+    membership = stalling(redis_client, key_prefix, clock)
+    membership.register("w1")
+    for _ in range(10):
+        clock.advance(1.0)
+        membership.heartbeat("w1", Progress(taken=3, finished=3, queued=0))
+    (record,) = membership.records()
+    assert record.live and not record.stalled
