@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kernel.errors import ConfigError
 
@@ -29,7 +29,20 @@ class Settings(BaseModel):
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(5.0, gt=0)
     visibility_timeout_s: float = Field(300.0, gt=0)
+    max_turn_s: float = Field(
+        60.0, gt=0, description="the longest a turn's model call or tool call may take"
+    )
+    stall_timeout_s: float = Field(
+        90.0,
+        gt=0,
+        description="a member whose queue has work and whose consumer took nothing for this long "
+        "is treated as dead",
+    )
     redis_retry_attempts: int = Field(5, ge=1, le=50)
+    redis_connect_timeout_s: float = Field(2.0, gt=0, description="connecting to any Redis")
+    redis_timeout_s: float = Field(
+        5.0, gt=0, description="a reply from any Redis (a blocking read waits less than this)"
+    )
     # --- the fleet (worker/ and router/dispatch) ---
     worker_concurrency: int = Field(64, ge=1, le=4096, description="turns a worker runs at once")
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: time to finish and drain")
@@ -60,6 +73,33 @@ class Settings(BaseModel):
     metrics_host: str = Field(
         "127.0.0.1", min_length=1, description="address /metrics listens on (0.0.0.0 in a pod)"
     )
+    # --- probes: /livez and /readyz of every router and worker process ---
+    health_port: int = Field(0, ge=0, le=65535, description="port of /livez, /readyz; 0: none")
+    health_host: str = Field("127.0.0.1", min_length=1, description="address probes listen on")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        """Settings that contradict each other are refused, naming both."""
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError(
+                f"REINS_HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}) must be above twice "
+                f"REINS_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}): one late heartbeat "
+                "would declare a live member dead"
+            )
+        if self.visibility_timeout_s <= self.max_turn_s:
+            raise ValueError(
+                f"REINS_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}) must be above "
+                f"REINS_MAX_TURN_S ({self.max_turn_s}): the broker would hand a running turn's "
+                "message to another worker"
+            )
+        if self.stall_timeout_s <= self.max_turn_s:
+            raise ValueError(
+                f"REINS_STALL_TIMEOUT_S ({self.stall_timeout_s}) must be above REINS_MAX_TURN_S "
+                f"({self.max_turn_s}): a worker busy with its longest turns would look wedged"
+            )
+        if self.redis_timeout_s <= 0.1:  # the loops' blocking reads wait up to 50 ms
+            raise ValueError(f"REINS_REDIS_TIMEOUT_S ({self.redis_timeout_s}) must be above 0.1")
+        return self
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -80,5 +120,7 @@ class Settings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             first = exc.errors()[0]
-            var = PREFIX + str(first["loc"][0]).upper() if first["loc"] else PREFIX
+            if not first["loc"]:  # a check across settings: its message names them
+                raise ConfigError(str(first["msg"]).removeprefix("Value error, ")) from None
+            var = PREFIX + str(first["loc"][0]).upper()
             raise ConfigError(f"{var}: {first['msg']}") from None

@@ -29,6 +29,7 @@ from kernel.settings import Settings
 from ops.ring_view import MemberRow, Recovery, ShownState, member_rows
 from router.custody import Custody
 from router.membership import DrainStatus, Membership
+from store.redis_client import client_for
 
 ring_app = typer.Typer(
     no_args_is_help=True,
@@ -44,7 +45,7 @@ _POLL_S = 0.2  # how often `drain --wait` re-reads the replicas' reports
 def _redis() -> Iterator[tuple[Settings, redis.Redis]]:
     """The configured Redis; Redis failures become one StoreError line."""
     settings = Settings.from_env(os.environ)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = client_for(settings)
     try:
         yield settings, client
     except redis.RedisError as exc:
@@ -54,7 +55,7 @@ def _redis() -> Iterator[tuple[Settings, redis.Redis]]:
 
 
 def _membership_on(settings: Settings, client: redis.Redis) -> Membership:
-    return Membership(client, settings.key_prefix, heartbeat_timeout_s=settings.heartbeat_timeout_s)
+    return Membership.of(client, settings)
 
 
 @contextmanager

@@ -6,12 +6,13 @@ A member is shown in one of four states, so an operator can follow a drain or a 
 * ``draining``: registered, heartbeating, takes no new turns once every live router replica
   acknowledged the drain (``drain_acknowledged``; ``drain_pending`` names the replicas still
   placing new turns on it);
-* ``dead``: still registered but its heartbeat lapsed, so it is out of every ring and the
-  reconciler recovers the turns in its custody;
-* ``gone``: no longer registered, yet it still holds turns or turns were recovered from it
-  (a SIGKILLed worker that was then removed, for example).
+* ``dead``: still registered but its heartbeat lapsed, or it is stalled (its queue has work its
+  consumer does not take), so it is out of every ring and the reconciler recovers the turns in
+  its custody;
+* ``gone``: no longer registered, yet it still has turns in custody or turns were recovered from
+  it (a SIGKILLed worker that was then removed, or an earlier incarnation of a restarted one).
 
-Beside the state, each row counts the turns the member holds now, the turns recovered from it
+Beside the state, each row counts the turns in the member's custody now, the turns recovered from it
 so far, and the worst time from its last heartbeat to one of those recoveries.
 """
 
@@ -72,6 +73,7 @@ class MemberRow:
     in_custody: int
     recovered: int
     worst_recovery_s: float | None
+    stalled: bool = False  # heartbeating, but its queue has work its consumer does not take
 
     def as_json(self) -> dict[str, Any]:
         """The row as ``--json`` prints it; keys are only ever added."""
@@ -92,6 +94,7 @@ class MemberRow:
             "in_custody": self.in_custody,
             "recovered": self.recovered,
             "worst_recovery_s": None if worst is None else round(worst, 3),
+            "stalled": self.stalled,
         }
 
     def describe(self) -> str:
@@ -104,7 +107,9 @@ class MemberRow:
             return "draining" if self.drain_acknowledged is None else "draining (no live replica)"
         if self.state is ShownState.DEAD:
             lapsed = (
-                "no heartbeat"
+                "stalled: its queue has work it does not take"
+                if self.stalled
+                else "no heartbeat"
                 if self.heartbeat_age_s is None
                 else f"lapsed {self.heartbeat_age_s:.0f}s ago"
             )
@@ -164,6 +169,7 @@ def member_rows(
                 in_custody=in_custody.get(record.name, 0),
                 recovered=recovered.get(record.name, 0),
                 worst_recovery_s=worst.get(record.name),
+                stalled=record.stalled,
             )
         )
     registered = {r.name for r in records}

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from kernel.errors import ConfigError
 from kernel.settings import Settings
@@ -36,7 +34,7 @@ from router.observe import RouterObserver
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
-from store.redis_client import client_from_url
+from store.redis_client import client_for
 from store.redis_store import RedisStore
 
 
@@ -92,7 +90,7 @@ class Outbox:
         if sender is not None:
             send = custody.sending(sender)
             return cls(send, send, custody)
-        broker = redis.Redis.from_url(settings.broker_url, retry=Retry(NoBackoff(), 0))
+        broker = client_for(settings, broker=True)
         publisher = TaskPublisher(make_app(settings), broker, settings)
         turn = custody.buffering(publisher.turn)  # flushed before the publisher
         return cls(turn, custody.sending(publisher.send), custody, publisher)
@@ -199,11 +197,11 @@ class RouterParts:
         ``client`` replaces the store's client from ``REINS_REDIS_URL``; ``sender`` replaces
         the broker (no broker connection is made then).
         """
-        client = client if client is not None else client_from_url(settings.redis_url)
+        client = client if client is not None else client_for(settings)
         prefix = settings.key_prefix
         store = RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts)
         feed = Feed(client, prefix)
-        membership = Membership(client, prefix, heartbeat_timeout_s=settings.heartbeat_timeout_s)
+        membership = Membership.of(client, settings)
         replica = ReplicaRing(membership, options.name)
         if not options.tenants_file:
             raise ConfigError(

@@ -54,7 +54,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # its queue, marked redelivered, within about the timeout plus one sweep.
             "unacked_restore_interval": max(1, min(10, int(settings.visibility_timeout_s // 4))),
             "unacked_restore_throttle": 1,
+            # No call on the broker waits for ever on a peer that stopped answering.
+            "socket_connect_timeout": settings.redis_connect_timeout_s,
+            "socket_timeout": settings.redis_timeout_s,
+            "socket_keepalive": True,
         },
+        "broker_connection_timeout": settings.redis_connect_timeout_s,
         "broker_connection_retry_on_startup": True,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,

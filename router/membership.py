@@ -31,6 +31,7 @@ from typing import Any, cast
 import redis
 
 from kernel.errors import StoreError, UnknownMember
+from kernel.settings import Settings
 from router.ring import (
     DEFAULT_POINTS_PER_WEIGHT,
     Member,
@@ -136,6 +137,16 @@ class Membership:
         self._set_if_member = client.register_script(_SET_IF_MEMBER.read_text())
 
     # --- writes --------------------------------------------------------------------------------
+
+    @classmethod
+    def of(cls, client: redis.Redis, settings: Settings) -> Membership:
+        """The membership of the deployment ``settings`` name, with its liveness bounds."""
+        return cls(
+            client,
+            settings.key_prefix,
+            heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            stall_timeout_s=settings.stall_timeout_s,
+        )
 
     def register(self, name: str, weight: float = 1.0, incarnation: str = "") -> None:
         """Register (or re-register) a member with a weight, a fresh heartbeat, its incarnation

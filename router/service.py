@@ -14,8 +14,11 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 
 import redis
+from redis.exceptions import RedisError
 
 from kernel.errors import ReinsError
 from kernel.settings import Settings
@@ -30,6 +33,7 @@ from router.chores import (
     reconcile_claims,
 )
 from router.dispatch import Sender
+from router.health import Beat, HealthServer
 from router.observe import RouterObserver
 from router.reconcile import Reconciler
 from router.stranded import StrandedTurns
@@ -52,6 +56,7 @@ log = logging.getLogger("reins.router")
 SEND_BURST = 16  # admissions whose turn messages go out in one pipelined batch
 FLUSH_ADMISSIONS = 512  # admission figures written at once between ticks
 TICK_EVERY_S = 5.0  # how often waiting trajectories are told the time (router.ticker)
+FAILED_STEP_PAUSE_S = 0.5  # after a failed tick or cycle: Redis may be restarting
 
 
 class RouterService:
@@ -84,6 +89,8 @@ class RouterService:
             self.client, self.feed.lease_key, self.name, settings.admitter_lease_s
         )
         self._stop = threading.Event()
+        self.beat = Beat("the router loop")
+        self.ticked = Beat("a successful tick")
         self.dispatcher = self.admission.dispatcher(self.store)
         tenants = tuple(t.name for t in self.config.tenants)
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
@@ -208,31 +215,56 @@ class RouterService:
         return len(notices) >= self.options.batch or admitted >= self.options.batch
 
     def run(self) -> int:
-        """Serve until :meth:`stop` (SIGTERM, SIGINT); returns the exit code."""
+        """Serve until :meth:`stop` (SIGTERM, SIGINT); returns the exit code. A failed tick or
+        cycle (Redis unreachable, a bug) is logged and retried after a pause: it never ends
+        the process."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
         log.info("router %s up (admitter %s)", self.name, self.options.admitter.value)
+        probes = self._probes()
         every = self.settings.heartbeat_interval_s / 2
         next_tick, busy = 0.0, True
         while not self._stop.is_set():
+            self.beat.mark()
             now = time.monotonic()
             if now >= next_tick:
-                try:
-                    self.tick()
-                except ReinsError as exc:
-                    log.error("tick of %s failed: %s", self.name, exc)
                 next_tick = now + every
+                if self._guarded("tick", self.tick)[0]:
+                    self.ticked.mark()
             if not self.admitting:
                 self._stop.wait(min(every, 0.2))
                 continue
-            try:
-                busy = self.cycle(block_s=0.0 if busy else min(every, 0.05))
-            except ReinsError as exc:
-                log.error("cycle of %s failed: %s", self.name, exc)
-                busy = False
+            block_s = 0.0 if busy else min(every, 0.05)
+            busy = bool(self._guarded("cycle", partial(self.cycle, block_s))[1])
         self.close()
+        if probes is not None:
+            probes.stop()
         return 0
+
+    def _guarded(self, what: str, step: Callable[[], object]) -> tuple[bool, object]:
+        """Run one step of the loop: (True, its result), or after a failure (logged, then a
+        pause) (False, None)."""
+        try:
+            return True, step()
+        except (ReinsError, RedisError) as exc:
+            log.error("%s of %s failed: %s", what, self.name, exc)
+        except Exception:
+            log.exception("%s of %s failed", what, self.name)
+        self._stop.wait(FAILED_STEP_PAUSE_S)
+        return False, None
+
+    def _probes(self) -> HealthServer | None:
+        """/livez: the loop goes round; /readyz: its last tick (which reads Redis) is recent."""
+        if not self.settings.health_port:
+            return None
+        within = max(10.0, 10 * self.settings.heartbeat_interval_s)
+        return HealthServer(
+            self.settings.health_host,
+            self.settings.health_port,
+            live=lambda: self.beat.stale(within),
+            ready=lambda: self.ticked.stale(3 * self.settings.heartbeat_interval_s),
+        ).start()
 
     def stop(self) -> None:
         """Ask the loop to end after its current cycle."""

@@ -19,6 +19,7 @@ from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from kernel.errors import ConfigError, StoreError, StoreUnavailable
+from kernel.settings import Settings
 
 TRANSIENT = (RedisConnectionError, RedisTimeoutError)
 _T = TypeVar("_T")
@@ -80,12 +81,41 @@ class Batch(Protocol):
         ...
 
 
-def client_from_url(url: str) -> redis.Redis:
-    """A redis-py client for ``url`` with its own retries off (the store does the retrying)."""
+def client_from_url(
+    url: str,
+    *,
+    connect_timeout_s: float | None = None,
+    timeout_s: float | None = None,
+    setting: str = "REINS_REDIS_URL",
+) -> redis.Redis:
+    """A redis-py client for ``url`` with its own retries off (reins does the retrying) and,
+    when given, its connect and reply timeouts; a bad URL is refused naming ``setting``."""
     try:
-        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+        return redis.Redis.from_url(
+            url,
+            retry=Retry(NoBackoff(), 0),
+            socket_connect_timeout=connect_timeout_s,
+            socket_timeout=timeout_s,
+            socket_keepalive=True,
+        )
     except ValueError as exc:
-        raise ConfigError(f"REINS_REDIS_URL: {exc}") from None
+        raise ConfigError(f"{setting}: {exc}") from None
+
+
+def client_for(settings: Settings, *, broker: bool = False) -> redis.Redis:
+    """The client of the store's Redis (or, with ``broker``, of the broker's) with the
+    timeouts of ``settings``: no call on it waits for ever on a peer that stopped answering."""
+    url, setting = (
+        (settings.broker_url, "REINS_BROKER_URL")
+        if broker
+        else (settings.redis_url, "REINS_REDIS_URL")
+    )
+    return client_from_url(
+        url,
+        connect_timeout_s=settings.redis_connect_timeout_s,
+        timeout_s=settings.redis_timeout_s,
+        setting=setting,
+    )
 
 
 def direct_command(client: redis.Redis) -> Callable[..., Any]:

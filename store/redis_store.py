@@ -58,7 +58,7 @@ from store.base import (
 )
 from store.redis_client import (
     TRANSIENT,
-    client_from_url,
+    client_for,
     direct_batch,
     direct_command,
     retry_transient,
@@ -123,7 +123,7 @@ class RedisStore(TrajectoryStore):
     def from_settings(cls, settings: Settings) -> RedisStore:
         """The store at ``REINS_REDIS_URL`` under ``REINS_KEY_PREFIX``."""
         return cls(
-            client_from_url(settings.redis_url),
+            client_for(settings),
             prefix=settings.key_prefix,
             retry_attempts=settings.redis_retry_attempts,
         )

@@ -18,6 +18,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,9 +36,10 @@ from router.broker import broker_keyprefix, queue_for, take_queued_turns
 from router.custody import Custody
 from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
 from router.gates import GateConfig
-from router.membership import Membership
+from router.health import Beat, HealthServer
+from router.membership import Membership, Progress
 from router.redis_gates import RedisGates
-from store.redis_client import client_from_url
+from store.redis_client import client_for
 from store.redis_store import RedisStore
 from worker.celery_app import worker_app
 from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
@@ -79,13 +81,17 @@ class FleetWorker:
         self.settings, self.options = settings, options
         self.name = options.name
         self.queue = queue_for(self.name)
-        self.client = client if client is not None else client_from_url(settings.redis_url)
+        self.client = client if client is not None else client_for(settings)
         self.store = RedisStore(
             self.client, prefix=settings.key_prefix, retry_attempts=settings.redis_retry_attempts
         )
-        self.membership = Membership(
-            self.client, settings.key_prefix, heartbeat_timeout_s=settings.heartbeat_timeout_s
+        self.broker = (
+            self.client
+            if client is not None or settings.broker_url == settings.redis_url
+            else client_for(settings, broker=True)
         )
+        self.membership = Membership.of(self.client, settings)
+        self.incarnation = uuid.uuid4().hex  # this process; a restart under the name is another
         self.feed = Feed(self.client, settings.key_prefix)
         self.inflight = InflightCalls()
         self.listener = CancelListener(self.feed, self._cancel)
@@ -103,7 +109,7 @@ class FleetWorker:
         # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
         gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)
         self.leases = LeaseKeeper(gates)
-        custody = Custody(self.client, settings.key_prefix)
+        custody = self.custody = Custody(self.client, settings.key_prefix)
         self._draining = threading.Event()
         self.runner = TurnRunner(
             store=self.store,
@@ -122,6 +128,9 @@ class FleetWorker:
         self.acked_at: float | None = None  # when this worker saw its drain acknowledged
         self.drain_figures: Counter[str] = Counter()
         self._beat: threading.Thread | None = None
+        self.beat = Beat("the heartbeat")
+        self.registered = False
+        self.taken = self.finished = 0  # messages this consumer took, and finished
         self.turn_cpu_s = 0.0  # CPU the turns themselves took in their threads (not Celery's)
         self._figures = threading.Lock()
 
@@ -145,6 +154,15 @@ class FleetWorker:
 
     def handle_turn(self, payload: dict[str, Any], redelivered: bool) -> None:
         """The turn task's body: parse the message and run the turn (never raises)."""
+        with self._figures:
+            self.taken += 1
+        try:
+            self._handle(payload, redelivered)
+        finally:
+            with self._figures:
+                self.finished += 1
+
+    def _handle(self, payload: dict[str, Any], redelivered: bool) -> None:
         try:
             msg = TurnMessage.from_payload(payload)
         except Exception as exc:
@@ -182,10 +200,25 @@ class FleetWorker:
 
     # --- life cycle ----------------------------------------------------------------------------
 
+    def boot(self) -> None:
+        """Before consuming: hand what an earlier incarnation of this name had in custody to a
+        custodian no member is named after, so the routers' reconciler recovers those turns
+        (a container restarted under its old name, within the heartbeat timeout or not)."""
+        previous = self.membership.incarnation(self.name) or "unknown"
+        moved = self.custody.orphan(self.name, f"{self.name} (incarnation {previous[:12]})")
+        if moved:
+            log.warning(
+                "%s: %d turns of incarnation %s handed to the reconciler",
+                self.name,
+                moved,
+                previous,
+            )
+
     def on_ready(self) -> None:
         """The consumer is consuming: register, start heartbeats and the cancel listener."""
         self.listener.start()
-        self.membership.register(self.name, self.options.weight)
+        self.membership.register(self.name, self.options.weight, self.incarnation)
+        self.registered = True
         self._beat = threading.Thread(target=self._heartbeat, name="reins-heartbeat", daemon=True)
         self._beat.start()
         log.info("worker %s ready on queue %s", self.name, self.queue)
@@ -213,11 +246,50 @@ class FleetWorker:
                 follow_on.passed,
             )
 
+    def probes(self) -> HealthServer | None:
+        """/livez: heartbeats go on and the consumer is not wedged; /readyz: registered and not
+        draining (None when ``REINS_HEALTH_PORT`` is 0)."""
+        if not self.settings.health_port:
+            return None
+        within = max(10.0, 10 * self.settings.heartbeat_interval_s)
+        return HealthServer(
+            self.settings.health_host,
+            self.settings.health_port,
+            live=lambda: self.beat.stale(within) or self.stalled(),
+            ready=self._readiness,
+        ).start()
+
+    def _readiness(self) -> str | None:
+        if not self.registered:
+            return "not registered yet"
+        if self._draining.is_set():
+            return "draining"
+        return None
+
+    def progress(self) -> Progress:
+        """What the consumer has done, and how many messages wait in its queue."""
+        with self._figures:
+            taken, finished = self.taken, self.finished
+        try:
+            queued = self.queued()
+        except Exception:  # the broker is out of reach: no work seen, nothing to call stalled
+            queued = 0
+        return Progress(taken, finished, queued)
+
+    def stalled(self) -> str | None:
+        """Why this worker's consumer looks wedged (its queue has work and it took nothing for
+        ``REINS_STALL_TIMEOUT_S``), or None; its own liveness probe fails on it."""
+        record = next((r for r in self.membership.records() if r.name == self.name), None)
+        if record is None or not record.stalled:
+            return None
+        return f"{record.progress.queued} messages wait and the consumer took none"
+
     def _heartbeat(self) -> None:
         interval = self.settings.heartbeat_interval_s
         while not self._stop.wait(interval):
+            self.beat.mark()
             try:
-                self.membership.heartbeat(self.name)
+                self.membership.heartbeat(self.name, self.progress())
                 if not self._draining.is_set() and self.membership.is_draining(self.name):
                     # `reins ring drain NAME`: the same drain as SIGTERM, through its handler.
                     log.info("%s was drained by an operator; draining and stopping", self.name)
@@ -284,7 +356,7 @@ class FleetWorker:
             self.runner.active,
             self.queued(),
         )
-        while payloads := take_queued_turns(self.client, self.settings, self.name, 256):
+        while payloads := take_queued_turns(self.broker, self.settings, self.name, 256):
             for payload in payloads:
                 try:
                     msg = TurnMessage.from_payload(payload)
@@ -296,7 +368,7 @@ class FleetWorker:
 
     def queued(self) -> int:
         """Messages waiting in this member's queue."""
-        waiting: Any = self.client.llen(broker_keyprefix(self.settings) + self.queue)
+        waiting: Any = self.broker.llen(broker_keyprefix(self.settings) + self.queue)
         return int(waiting)
 
     def drained(self) -> bool:
@@ -316,6 +388,8 @@ def run_worker(
     """Boot a worker and run it until it is told to stop; returns the exit code. ``observer``
     (metrics) is told of every turn the worker runs."""
     worker = FleetWorker(settings, options, observer=observer)
+    worker.boot()
+    probes = worker.probes()
     app = worker_app(settings, worker.handle_turn)
 
     def ready(**_: Any) -> None:
@@ -342,6 +416,8 @@ def run_worker(
         quiet=True,
     )
     celery_worker.start()
+    if probes is not None:
+        probes.stop()
     code: int = celery_worker.exitcode or 0
     return code
 

@@ -326,6 +326,7 @@ def test_view_json_keeps_the_existing_keys() -> None:
         "in_custody": 0,
         "recovered": 0,
         "worst_recovery_s": None,
+        "stalled": False,
     }
 
 

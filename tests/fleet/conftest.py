@@ -61,6 +61,8 @@ def fleet_env(key_prefix: str, tenants_file: Path) -> dict[str, str]:
         "REINS_WORKER_CONCURRENCY": "32",
         "REINS_DRAIN_GRACE_S": "10",
         "REINS_VISIBILITY_TIMEOUT_S": "4",
+        "REINS_MAX_TURN_S": "3",
+        "REINS_STALL_TIMEOUT_S": "30",
     }
 
 

@@ -238,3 +238,14 @@ def test_metrics_are_scraped_by_annotations_or_service_monitor() -> None:
         assert "metrics" in [p["name"] for p in svc["spec"]["ports"]]
     router_ports = {p["name"] for p in one(docs, "Service", "-router")["spec"]["ports"]}
     assert router_ports == {"http", "metrics"}
+
+
+@pytest.mark.parametrize("component", ["router", "worker"])
+def test_probes_ask_the_process_on_its_health_port(component: str) -> None:
+    c = container(render(), component)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["health"] == values()["health"]["port"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
+    env = reins_env(c)
+    assert env["REINS_HEALTH_PORT"]["value"] == str(values()["health"]["port"])

@@ -42,15 +42,15 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/*
 The REINS_* environment of every reins container: the one list of settings (kernel/settings.py).
-A setting with its own value (URLs, tenants file, concurrency, drain grace, the metrics
-endpoint) is set here by name;
+A setting with its own value (URLs, tenants file, concurrency, drain grace, the metrics and
+probe endpoints) is set here by name;
 every other one comes from .Values.settings, so a new setting is one line in values.yaml.
 */}}
 {{- define "reins.env" -}}
-{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" "metrics_port" "metrics_host" }}
+{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" "metrics_port" "metrics_host" "health_port" "health_host" }}
 {{- range $key, $_ := .Values.settings }}
 {{- if has $key $own }}
-{{- fail (printf "settings.%s has its own value in values.yaml (see store, broker, tenants, worker, metrics); remove it from settings" $key) }}
+{{- fail (printf "settings.%s has its own value in values.yaml (see store, broker, tenants, worker, metrics, health); remove it from settings" $key) }}
 {{- end }}
 {{- if not (regexMatch "^[a-z][a-z0-9_]*$" $key) }}
 {{- fail (printf "settings.%s: keys are kernel/settings.py field names (lower_snake_case)" $key) }}
@@ -86,6 +86,10 @@ every other one comes from .Values.settings, so a new setting is one line in val
   value: {{ required "metrics.port is required (every pod serves /metrics)" .Values.metrics.port | int | toString | quote }}
 - name: REINS_METRICS_HOST
   value: {{ .Values.metrics.host | default "0.0.0.0" | quote }}
+- name: REINS_HEALTH_PORT
+  value: {{ required "health.port is required (the probes use it)" .Values.health.port | int | toString | quote }}
+- name: REINS_HEALTH_HOST
+  value: {{ .Values.health.host | default "0.0.0.0" | quote }}
 {{- range $key, $value := .Values.settings }}
 {{- if not (kindIs "invalid" $value) }}
 - name: REINS_{{ upper $key }}
