@@ -228,7 +228,11 @@ class FleetWorker:
         self._stop.set()
         if self._beat is not None:
             self._beat.join(timeout=5)
-        self._flush_delays()
+        for last in (self._flush_delays, self.runner.push_kept):
+            try:
+                last()
+            except Exception as exc:
+                log.warning("%s of %s failed at shutdown: %s", last.__name__, self.name, exc)
         self.listener.stop()
         with contextlib.suppress(UnknownMember):
             self.membership.remove(self.name)
@@ -285,29 +289,34 @@ class FleetWorker:
         return f"{record.progress.queued} messages wait and the consumer took none"
 
     def _heartbeat(self) -> None:
+        """Every interval: the heartbeat, then the chores that ride on it. A chore that fails
+        (Redis out of reach) is logged and tried at the next beat; the thread never ends."""
         interval = self.settings.heartbeat_interval_s
+        chores = (self._beat_once, self._flush_delays, self.leases.renew_due, self.runner.push_kept)
         while not self._stop.wait(interval):
             self.beat.mark()
-            try:
-                self.membership.heartbeat(self.name, self.progress())
-                if not self._draining.is_set() and self.membership.is_draining(self.name):
-                    # `reins ring drain NAME`: the same drain as SIGTERM, through its handler.
-                    log.info("%s was drained by an operator; draining and stopping", self.name)
-                    os.kill(os.getpid(), signal.SIGTERM)
-            except UnknownMember:
-                if not self._draining.is_set():
-                    log.warning("%s was removed from the ring; registering again", self.name)
-                    self.membership.register(self.name, self.options.weight)
-            except Exception:
-                log.exception("heartbeat of %s failed", self.name)
-            self._flush_delays()
-            self.leases.renew_due()
+            for chore in chores:
+                try:
+                    chore()
+                except Exception as exc:
+                    log.warning("%s of %s failed: %s", chore.__name__, self.name, exc)
+
+    def _beat_once(self) -> None:
+        try:
+            self.membership.heartbeat(self.name, self.progress())
+        except UnknownMember:
+            if not self._draining.is_set():
+                log.warning("%s was removed from the ring; registering again", self.name)
+                self.membership.register(self.name, self.options.weight, self.incarnation)
+            return
+        if not self._draining.is_set() and self.membership.is_draining(self.name):
+            # `reins ring drain NAME`: the same drain as SIGTERM, through its handler.
+            log.info("%s was drained by an operator; draining and stopping", self.name)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _flush_delays(self) -> None:
-        try:
-            self.feed.record_starts(self.runner.take_delays())
-        except Exception:
-            log.exception("could not report admission-to-start delays")
+        """Report the admission-to-start delays measured since the last beat."""
+        self.feed.record_starts(self.runner.take_delays())
 
     # --- drain ---------------------------------------------------------------------------------
 

@@ -182,6 +182,10 @@ class TurnRunner:
         same call ids (a member that cannot read the record is not sent it again)."""
         self._ending.hand_back(msg, why)
 
+    def push_kept(self) -> int:
+        """Push again the turn-end notices whose push failed; returns how many went."""
+        return self._ending.push_kept()
+
     def take_delays(self) -> list[float]:
         """The admission-to-start delays (ms) measured since the last call."""
         with self._lock:

@@ -3,13 +3,17 @@
 Each message ends in exactly one notice or one hand-back. The gate lease is let go first (the
 router settles it from the notice, or the member the turn goes to keeps it), and the turn is
 released from this worker's custody after it, only if they still name the version carried
-out. Failures are logged, never raised: the feed is a hint, and a custody entry that is kept is
-recovered by the router's reconciler. See docs/adr/0040-turn-runner.md.
+out. Failures are logged, never raised: a notice (with its release) that could not be pushed is
+kept and pushed again by :meth:`TurnEnding.push_kept` (the worker's heartbeat), so a turn that
+failed, or ended while Redis was out of reach, leaves custody and is found by the router's sweeps
+once Redis answers. See docs/adr/0040-turn-runner.md.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from dataclasses import replace
 
 from router.custody import Custody
@@ -18,6 +22,7 @@ from worker.leases import LeaseKeeper
 
 log = logging.getLogger("reins.worker.turn")
 NO_USAGE = -1  # Notice.used_tokens when the turn saw no usage
+KEEP_AT_MOST = 10_000  # notices kept for a later push while Redis is out of reach
 
 
 class TurnEnding:
@@ -33,6 +38,9 @@ class TurnEnding:
         self.feed, self.worker = feed, worker
         self.custody = custody  # None: nothing is held (no reconciler recovers this worker)
         self.leases = leases  # None: gate leases are not kept alive here
+        # pushes that failed, oldest first (the oldest dropped past the bound)
+        self._kept: deque[tuple[TurnMessage, Notice]] = deque(maxlen=KEEP_AT_MOST)
+        self._lock = threading.Lock()
 
     def keep_lease(self, msg: TurnMessage) -> None:
         """The turn under ``msg`` started: keep its gate lease alive until it ends."""
@@ -52,6 +60,27 @@ class TurnEnding:
             notice = replace(
                 notice, lease=msg.lease, lease_route=msg.route, used_tokens=used_tokens
             )
+        if not self._push(msg, notice):
+            with self._lock:
+                self._kept.append((msg, notice))
+
+    def push_kept(self) -> int:
+        """Push again the notices whose push failed, oldest first, until one fails again;
+        returns how many went."""
+        pushed = 0
+        while True:
+            with self._lock:
+                if not self._kept:
+                    return pushed
+                msg, notice = self._kept.popleft()
+            if not self._push(msg, notice):
+                with self._lock:
+                    self._kept.appendleft((msg, notice))
+                return pushed
+            pushed += 1
+
+    def _push(self, msg: TurnMessage, notice: Notice) -> bool:
+        """The notice, then the custody release, in one round trip; False if it failed."""
         pipe = self.feed.batch()  # the notice, then the release: one round trip
         entry = (self.worker, msg.tenant, msg.trajectory_id, msg.version)
         try:
@@ -63,10 +92,14 @@ class TurnEnding:
                 raise replies[0]
             if self.custody is not None:
                 self.custody.released_on(replies[-1], *entry)
-        except Exception:  # the feed is a hint; a kept entry is one the turn moved past
-            log.exception(
-                "could not push the notice of %s (or release its custody entry)", msg.trajectory_id
+        except Exception as exc:  # kept: pushed again at the next heartbeat
+            log.warning(
+                "could not push the notice of %s (or release its custody entry): %s; kept",
+                msg.trajectory_id,
+                exc,
             )
+            return False
+        return True
 
     def hand_back(self, msg: TurnMessage, why: HandBackWhy) -> None:
         """Give ``msg`` back unstarted, instead of its notice: a router sends it on under the
