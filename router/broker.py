@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import uuid
 from typing import Any
 
@@ -58,6 +59,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "socket_connect_timeout": settings.redis_connect_timeout_s,
             "socket_timeout": settings.redis_timeout_s,
             "socket_keepalive": True,
+            # The consumer's BRPOP connection escapes socket_timeout (it runs on the event
+            # loop): kombu drops it once a reply is this overdue (its default is 25 s).
+            "health_check_interval": max(1, math.ceil(settings.redis_timeout_s)),
         },
         "broker_connection_timeout": settings.redis_connect_timeout_s,
         "broker_connection_retry_on_startup": True,

@@ -103,6 +103,8 @@ class RouterService:
             after_s=settings.heartbeat_timeout_s,
             slow_after_s=2 * settings.visibility_timeout_s,
             clock=time.monotonic,
+            held_after_s=2 * settings.max_turn_s,
+            queued=self._queued_at,
         )
         self.ready_sweep = ReadySweep(
             api,
@@ -120,6 +122,11 @@ class RouterService:
             by=options.name,
             backstop=self.stranded,
         )
+
+    def _queued_at(self, member: str) -> int | None:
+        """The queue depth ``member`` reported with its last heartbeat (None: no such member)."""
+        record = next((r for r in self.membership.records() if r.name == member), None)
+        return None if record is None else record.progress.queued
 
     def api(self) -> RouterApi:
         """Submission, control and approvals through this router."""

@@ -3,12 +3,15 @@
 :class:`StrandedTurns` is the router's backstop, run by the reconciler after its own pass
 (:mod:`router.reconcile`). It walks the acting trajectories of every tenant a page per tick
 (:class:`router.sweeps.IndexCursor`) and delivers ``Recover`` by compare-and-set to one whose
-version has stood still for ``after_s`` while no member's custody names it in its current turn:
-a router or worker died between the admission's compare-and-set and its custody entry, or a
-worker gave the turn up after its commits failed. Such a turn is recovered within
-``2 * after_s`` plus one walk of the acting index. A turn a live member still has in custody is
-left to it for ``slow_after_s`` (longer than the longest turn) before it is recovered anyway.
-Two routers recover a turn once. Design: ``docs/adr/0008-turn-recovery.md``.
+version has stood still for ``after_s`` while no member's custody names it in its current turn: a
+router or worker died between the admission's compare-and-set and its custody entry, or a worker
+gave the turn up after its commits failed. Such a turn is recovered within ``2 * after_s`` plus one
+walk of the acting index. A turn a member still has in custody is left to it while its version moves
+(every step commits one, and no call outlasts ``REINS_MAX_TURN_S``): once it stood still for
+``held_after_s`` while the member's queue is empty, its message was lost on the way (a broker
+connection cut mid-delivery) and it is recovered; while the queue has work, the message may still
+wait there, and only ``slow_after_s`` (twice the visibility timeout) recovers it. Two routers
+recover a turn once. Design: ``docs/adr/0008-turn-recovery.md``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class StrandedTurns:
     after_s: float
     slow_after_s: float
     clock: Callable[[], float]
+    held_after_s: float = float("inf")
+    queued: Callable[[str], int | None] = lambda member: None  # a member's queue depth
     budget: int = 256
     recovered: int = 0
     _watch: dict[Key, _Watch] = field(default_factory=dict)
@@ -60,10 +65,12 @@ class StrandedTurns:
         after_s: float,
         slow_after_s: float,
         clock: Callable[[], float],
+        held_after_s: float = float("inf"),
+        queued: Callable[[str], int | None] = lambda member: None,
     ) -> StrandedTurns:
         """The backstop over the acting trajectories of ``tenants`` in ``api``'s store."""
         cursor = IndexCursor(api.store, tenants, _ACTING)
-        return cls(api, cursor, custody, after_s, slow_after_s, clock)
+        return cls(api, cursor, custody, after_s, slow_after_s, clock, held_after_s, queued)
 
     def sweep(self) -> list[str]:
         """One page of the walk; returns the trajectories recovered."""
@@ -97,7 +104,7 @@ class StrandedTurns:
                 watch.since, watch.version, watch.check_at = now, rec.record_version, now
                 watch.check_at += self.after_s
                 return False
-            if self._in_custody(rec) and now - watch.since < self.slow_after_s:
+            if now - watch.since < self._bound(rec):
                 watch.check_at = now + self.after_s
                 return False
             return self.api.recover(rec)
@@ -106,8 +113,17 @@ class StrandedTurns:
             watch.check_at = now + self.after_s
             return False
 
-    def _in_custody(self, rec: TrajectoryRecord) -> bool:
+    def _bound(self, rec: TrajectoryRecord) -> float:
+        """How long ``rec``'s version may stand still before its turn counts as stranded."""
         if self.custody is None:
-            return False
-        naming = self.custody.naming(rec.tenant, rec.trajectory_id)
-        return any(entry.in_turn(rec) for _, entry in naming)
+            return self.after_s
+        holders = [
+            member
+            for member, entry in self.custody.naming(rec.tenant, rec.trajectory_id)
+            if entry.in_turn(rec)
+        ]
+        if not holders:
+            return self.after_s
+        if all(self.queued(member) == 0 for member in holders):
+            return max(self.held_after_s, self.after_s)
+        return self.slow_after_s

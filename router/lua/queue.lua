@@ -18,13 +18,16 @@ local function step_aside(lane)
 end
 
 -- Undo a take and decline: the call is back at the head of its queue with the credit it had,
--- and its lane stands where drr.decline leaves it (at the tail of old).
+-- and its lane stands where drr.decline leaves it (at the tail of old). Other claims of the lane
+-- may have been taken since, and emptied the lane (or the class) after this one: a lane or class
+-- with a call queued is always back in its rotation.
 local function put_back(lane, k, tid, data, charge, lost, lostc, emptied, cemptied)
   local cap = const('cap')
   local q = qkey(lane, k)
   if classes(lane) > 1 then
-    if cemptied == 1 and redis.call('LLEN', q) == 0 then
-      redis.call('LPUSH', B .. ':a:' .. lane, k)
+    local rotation = B .. ':a:' .. lane
+    if redis.call('LLEN', q) == 0 and not redis.call('LPOS', rotation, k) then
+      redis.call('LPUSH', rotation, k)
     end
     local cf = 'c:' .. lane .. ':' .. k
     seti(cf, math.min(geti(cf) + charge + lostc, cap))
@@ -33,12 +36,10 @@ local function put_back(lane, k, tid, data, charge, lost, lostc, emptied, cempti
   redis.call('HSET', CALLS, tid, data)
   redis.call('HINCRBY', ST, 'q:' .. lane, 1)
   seti('c:' .. lane, math.min(geti('c:' .. lane) + charge + lost, cap))
-  if emptied == 1 then
-    if geti('l:' .. lane) == UNLISTED then -- its visit ended when the take emptied it
-      redis.call('RPUSH', OLDK, lane)
-      seti('l:' .. lane, OLD)
-    end
-  else
+  if geti('l:' .. lane) == UNLISTED then -- its visit ended when a take emptied it
+    redis.call('RPUSH', OLDK, lane)
+    seti('l:' .. lane, OLD)
+  elseif emptied == 0 then
     step_aside(lane)
   end
 end

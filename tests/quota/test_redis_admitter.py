@@ -360,3 +360,40 @@ def test_a_route_refused_in_admit_next_is_closed_for_the_tenants_behind(
         assert admitted is not None and admitted.trajectory_id == "c0"
     # a's refusal closed OPENAI: b, behind it on that route, was not even asked
     assert checked[id(memory)] == checked[id(shared)] == ["a0", "c0"]
+
+
+def test_a_call_declined_after_a_later_claim_emptied_its_lane_is_admitted_again(
+    make: Make,
+) -> None:
+    """Two claims of one lane are outstanding; the later one takes its last call, so the lane
+    leaves the rotation; then the earlier one is declined (its compare-and-set lost). The call
+    must be nominable again: a lane with queued calls is always in the rotation."""
+    admitter = make()
+    for n in range(2):
+        admitter.submit("acme", f"a{n}", input_tokens=2_000, output_allowance=500)
+    first, second = admitter.nominate(), admitter.nominate()
+    assert first is not None and second is not None
+    assert {first.call.trajectory_id, second.call.trajectory_id} == {"a0", "a1"}
+    admitter.confirm(second)  # the lane is empty now
+    admitter.decline(first)
+    again = admitter.nominate()
+    assert again is not None and again.call.trajectory_id == first.call.trajectory_id
+
+
+def test_a_lapsed_claim_requeued_after_its_lane_emptied_is_admitted_again(
+    make: Make, clock: ManualClock
+) -> None:
+    admitter = make(claim_ttl_s=5.0)
+    for n in range(3):
+        admitter.submit("globex", f"g{n}", input_tokens=2_000, output_allowance=500)
+    lost = admitter.nominate()  # its dispatcher dies
+    assert lost is not None
+    others = [admitter.nominate(), admitter.nominate()]
+    for claim in others:
+        assert claim is not None
+        admitter.confirm(claim)
+    clock.advance(6.0)
+    done = admitter.reconcile(lambda tenant, tid: True)
+    assert done.requeued == (lost.call.trajectory_id,)
+    again = admitter.nominate()
+    assert again is not None and again.call.trajectory_id == lost.call.trajectory_id

@@ -1,0 +1,213 @@
+"""Faults on real processes and the real Redis: nothing is stranded, nothing runs twice.
+
+Each test starts routers and Celery workers as processes (``ops.fleet_local``), submits refunds,
+injects one fault from outside (a black-holed Redis connection, a worker SIGKILLed and started
+again under its name, a worker whose consumer is wedged while its heartbeat goes on, the notice
+feed destroyed under load) and ends with every trajectory terminal, the support store's effects
+at most one refund and one email per order, and the time to recovery printed (a figure, never
+asserted). The broker's visibility timeout is far past the end of each test, so no recovery is
+the broker's redelivery: each is reins's own.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from examples.support_store.state import RedisState
+from kernel.states import TERMINAL
+from ops.fleet_local import LocalFleet
+from router.custody import Custody
+from router.feed import Feed
+from router.membership import Membership
+from store.redis_store import RedisStore
+from tests.conftest import REDIS_URL
+from tests.fleet.conftest import WEIGHTS
+from tests.fleet.harness import seed_orders, submit_refunds
+from tests.fleet.processes import (
+    BACKEND,
+    caller_api,
+    effects_by_order,
+    start,
+    stop_all,
+    wait_all_ended,
+)
+from tests.support import wait_for
+from tests.support.proxy import BlackHoleProxy
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+FAULT_ENV = {
+    "REINS_HEARTBEAT_INTERVAL_S": "0.25",
+    "REINS_HEARTBEAT_TIMEOUT_S": "2",
+    "REINS_VISIBILITY_TIMEOUT_S": "300",
+    "REINS_MAX_TURN_S": "3",
+    "REINS_STALL_TIMEOUT_S": "4",
+    "REINS_SCRIPTED_LATENCY_S": "0.3",
+}
+
+
+class Faulty:
+    """One fleet under its own prefix, its submissions, and what a test checks at the end."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path, client: redis.Redis) -> None:
+        log_dir.mkdir(exist_ok=True)
+        self.env, self.client = env, client
+        self.prefix = env["REINS_KEY_PREFIX"]
+        self.fleet = LocalFleet(env, log_dir, client)
+        self.store = RedisStore(client, prefix=self.prefix)
+        self.custody = Custody(client, self.prefix)
+        self.ids: list[tuple[str, str]] = []
+
+    def submit(self, count: int, first_order: int) -> None:
+        api = caller_api({**self.env, "REINS_REDIS_URL": REDIS_URL}, self.client, "redis", None)
+        orders = seed_orders(self.client, self.prefix, first_order, count)
+        self.ids += submit_refunds(api, orders, list(WEIGHTS))
+
+    def ended(self, timeout_s: float = 120) -> float:
+        """Wait until every trajectory ended; check the effects; the seconds it took."""
+        began = time.monotonic()
+        wait_all_ended(self.store, self.ids, timeout_s, self.fleet)
+        took = time.monotonic() - began
+        records = [self.store.load(t, i) for t, i in self.ids]
+        assert all(r.state in TERMINAL for r in records)
+        effects = effects_by_order(RedisState(self.client, self.prefix, seed=False).effects())
+        twice = {o: c for o, c in effects.items() if c["refund"] > 1 or c["email"] > 1}
+        assert twice == {}, f"an effect happened twice: {twice}"
+        return took
+
+
+@pytest.fixture
+def faulty(
+    fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> Iterator[Faulty]:
+    run = Faulty({**fleet_env, **FAULT_ENV}, tmp_path / "fleet", redis_client)
+    try:
+        yield run
+    finally:
+        for name, proc in run.fleet.procs.items():
+            if proc.poll() is None and name.startswith("w") and "hung" in " ".join(proc.args):
+                run.fleet.kill(name)  # a wedged worker cannot drain
+        stop_all(run.fleet)
+        run.fleet.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_black_holed_redis_connection_hangs_no_process(
+    fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    proxy = BlackHoleProxy("127.0.0.1", 6379)
+    env = {
+        **fleet_env,
+        **FAULT_ENV,
+        "REINS_REDIS_URL": proxy.url(0),
+        "REINS_BROKER_URL": proxy.url(0),
+        "REINS_REDIS_TIMEOUT_S": "1.5",
+        "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
+    }
+    run = Faulty(env, tmp_path / "fleet", redis_client)
+    try:
+        start(run.fleet, routers=("r1", "r2"))
+        run.submit(120, 2000)
+        feed = Feed(redis_client, run.prefix)
+        wait_for(lambda: len(feed.admissions()) >= 40, 60, "40 admissions before the hole")
+        proxy.swallow()  # every connection of every process: accepted, never answered
+        wait_for(
+            lambda: all("Timeout" in run.fleet.log(r) for r in ("r1", "r2")),
+            30,
+            "both routers to time out on the black hole",
+        )
+        proxy.restore()
+        took = run.ended()
+        print(f"\nafter the black hole: every trajectory ended {took:.1f}s after it closed")
+        for name, proc in run.fleet.procs.items():
+            assert proc.poll() is None, f"{name} exited"
+    finally:
+        stop_all(run.fleet)
+        run.fleet.close()
+        proxy.close()
+
+
+def test_a_worker_started_again_under_its_name_hands_its_turns_to_the_reconciler(
+    faulty: Faulty,
+) -> None:
+    start(faulty.fleet, routers=("r1",))
+    faulty.submit(100, 2200)
+    wait_for(
+        lambda: len(faulty.custody.entrusted_to("w2")) >= 15, 60, "w2 to have 15 turns in custody"
+    )
+    held = len(faulty.custody.entrusted_to("w2"))
+    faulty.fleet.kill("w2")  # a crash; its container restarts at once under the same name
+    faulty.fleet.start("worker", "w2", "--backend", BACKEND)
+    took = faulty.ended()
+    recoveries = faulty.custody.recoveries()
+    earlier = [e for e in recoveries if e["member"].startswith("w2 (incarnation ")]
+    assert earlier, "the turns of the killed incarnation were recovered by the reconciler"
+    print(
+        f"\nw2 killed with {held} turns in custody and started again at once: {len(earlier)} "
+        f"recovered from its earlier incarnation; every trajectory ended {took:.1f}s after the "
+        "restart"
+    )
+
+
+def test_a_wedged_worker_whose_heartbeat_goes_on_is_treated_as_dead(faulty: Faulty) -> None:
+    port = free_port()
+    wedged = {"REINS_WORKER_CONCURRENCY": "4", "REINS_HEALTH_PORT": str(port)}
+    faulty.fleet.start("worker", "w1", "--backend", BACKEND)
+    faulty.fleet.start(
+        "worker", "w2", "--backend", "tests.fleet.faults:hung_support_store", env=wedged
+    )
+    faulty.fleet.start("router", "r1", "--admitter", "redis")
+    faulty.fleet.wait_ready(["w1", "w2"], ["r1"])
+    faulty.submit(60, 2400)
+    membership = Membership(
+        faulty.client, faulty.prefix, heartbeat_timeout_s=2.0, stall_timeout_s=4.0
+    )
+
+    def w2_stalled() -> bool:
+        return any(r.name == "w2" and r.stalled for r in membership.records())
+
+    wait_for(w2_stalled, 60, "w2 to stall (its refunds hang, its heartbeat goes on)")
+    (w2,) = [r for r in membership.records() if r.name == "w2"]
+    assert not w2.live and time.time() - w2.heartbeat_at < 2.0, "heartbeating, yet not live"
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=5)
+        raise AssertionError("the wedged worker's liveness probe passed")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 503 and "consumer took none" in exc.read().decode()
+    took = faulty.ended()
+    recovered = [e for e in faulty.custody.recoveries() if e["member"] == "w2"]
+    assert recovered, "its turns were recovered by the reconciler"
+    print(
+        f"\nw2 wedged with {w2.progress.queued} messages queued; {len(recovered)} of its turns "
+        f"recovered; every trajectory ended {took:.1f}s after the stall was seen"
+    )
+
+
+def test_notices_lost_with_their_feed_leave_no_trajectory_behind(faulty: Faulty) -> None:
+    env = {"REINS_FOLLOW_ON_TURNS": "0"}  # every turn's end goes through the feed
+    start(faulty.fleet, routers=("r1", "r2"), env=env)
+    faulty.submit(90, 2600)
+    feed = Feed(faulty.client, faulty.prefix)
+    wait_for(lambda: len(feed.admissions()) >= 60, 60, "60 admissions")
+    # The feed is destroyed (the notices in it lost) and pushes fail while it cannot be written.
+    faulty.client.set(feed.ready_key, "not a feed")
+    wait_for(
+        lambda: any("could not push the notice" in faulty.fleet.log(w) for w in ("w1", "w2")),
+        30,
+        "a worker's notice push to fail",
+    )
+    faulty.client.delete(feed.ready_key)
+    took = faulty.ended()
+    print(f"\nthe feed was lost under load; every trajectory ended {took:.1f}s after it came back")
