@@ -18,6 +18,7 @@ import redis
 
 from kernel.errors import StoreUnavailable
 from kernel.states import StopReason
+from ops.metrics import Metrics
 from router.feed import Feed, HandBack, HandBackWhy, Notice, ready_notice
 from router.membership import Membership
 from router.service import AdmitterKind, RouterOptions, RouterService
@@ -95,7 +96,8 @@ POISON = [b"not json at all", b'["ready", "acme"]', NEWER.encode(), b'["ready",1
 def test_a_poison_notice_goes_to_the_dead_letters_and_its_batch_proceeds(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path
 ) -> None:
-    fleet = InProcessFleet(redis_client, key_prefix, tenants_file)
+    metrics = Metrics(process_metrics=False)
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, observer=metrics)
     ids = stranded(fleet, 100, 4)
     feed = fleet.feed
     pipe = redis_client.pipeline(transaction=False)
@@ -118,6 +120,8 @@ def test_a_poison_notice_goes_to_the_dead_letters_and_its_batch_proceeds(
     ]
     order = [tuple(int(part) for part in d.id.split("-")) for d in dead]
     assert order == sorted(order, reverse=True), "newest first"
+    got = metrics.registry.get_sample_value("reins_poison_notices_total", {"source": "notices"})
+    assert got == 5
     fleet.service.feed.flush()
     assert left_in(redis_client, feed) == (0, {}), "every notice acknowledged and deleted"
 
