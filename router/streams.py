@@ -153,14 +153,15 @@ class GroupReader(Generic[_T]):
     def take(self, limit: int, block_s: float = 0.0, *, more: bool = False) -> Taken[_T]:
         """Up to ``limit`` entries for this router, waiting up to ``block_s`` for the first;
         the acknowledgements of what was done since the last round trip go first in the same
-        round trip. ``more``: add to entries taken just before and not done yet (otherwise
-        such entries count as left, and this router's pending entries are read first).
+        round trip. Entries handed out earlier and not done count as left: this router's own
+        pending entries are read first, then new ones. ``more``: add new entries to those taken
+        just before (no pending entries are read).
 
         Raises :class:`StoreUnavailable` or :class:`StoreError`; whatever was delivered then is
         in this router's pending entries, and the next take reads them first.
         """
         self._check_consumer()
-        backlog = self._backlog or (bool(self._held) and not more)
+        backlog = (self._backlog or bool(self._held)) and not more
         pipe = direct_batch(self.client)
         acks = self._queue_acks(pipe)
         read: list[Any] = ["XREADGROUP", "GROUP", GROUP, self.consumer, "COUNT", limit]
@@ -234,11 +235,6 @@ class GroupReader(Generic[_T]):
             except StoreError:
                 self._acks[:0] = acks
                 raise
-
-    @property
-    def holding(self) -> int:
-        """Entries handed out and not done yet."""
-        return len(self._held)
 
     # --- internals -----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import redis
 from kernel.errors import StoreUnavailable
 from kernel.states import StopReason
 from ops.metrics import Metrics
-from router.feed import Feed, HandBack, HandBackWhy, Notice, ready_notice
+from router.feed import Feed, HandBack, HandBackWhy, Notice, NoticeKind, ready_notice
 from router.membership import Membership
 from router.service import AdmitterKind, RouterOptions, RouterService
 from router.streams import FIELD, GROUP, dead_letters, pending_counts
@@ -85,6 +85,35 @@ def run_on(fleet: InProcessFleet, service: RouterService, rounds: int = 500) -> 
         if not busy and not messages:
             return
     raise AssertionError("not quiet")
+
+
+# --- the reader's contract -----------------------------------------------------------------------
+
+
+def test_what_is_taken_stays_pending_until_done_and_is_acked_with_the_next_take(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    feed = Feed(redis_client, key_prefix, router="r1")
+    feed.create_groups()
+
+    def notice(n: int) -> Notice:
+        return Notice(NoticeKind.READY, "acme", f"t{n}", 1)
+
+    def tids(taken: Any) -> list[str]:
+        return [n.trajectory_id for n in taken]
+
+    feed.push(notice(1), notice(2))
+    assert tids(feed.take(10)) == ["t1", "t2"]
+    feed.push(notice(3))
+    assert tids(feed.take(10, more=True)) == ["t3"], "more: only new entries"
+    again = feed.take(10)  # none was done: they count as left, and come back first
+    assert tids(again) == ["t1", "t2", "t3"]
+    assert pending_counts(redis_client, feed.notices_key) == {"r1": 3}
+    feed.done(again)
+    assert pending_counts(redis_client, feed.notices_key) == {"r1": 3}, "acked with the next take"
+    feed.push(notice(4))
+    assert tids(feed.take(10)) == ["t4"]
+    assert left_in(redis_client, feed) == (1, {"r1": 1}), "t1..t3 acknowledged and deleted"
 
 
 # --- poison --------------------------------------------------------------------------------------
