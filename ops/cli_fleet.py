@@ -84,6 +84,7 @@ def router_cmd(
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Run a router: ring, ready feed and dispatch loop, until SIGTERM."""
+    from ops import faults
     from ops.metrics import served
     from router.service import AdmitterKind, RouterOptions, RouterService
     from worker.fleet import configure_logging
@@ -98,7 +99,9 @@ def router_cmd(
         claim_ttl_s=claim_ttl_s,
     )
     with served(settings) as metrics:
-        code = RouterService(settings, options, observer=metrics).run()
+        service = RouterService(settings, options, observer=metrics)
+        faults.install(service, os.environ)  # test only: nothing unless TEST_ONLY_ROUTER_FAULT
+        code = service.run()
     raise typer.Exit(code)
 
 

@@ -34,6 +34,7 @@ from kernel.settings import Settings
 from kernel.states import StopReason
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
+from router.feed import FeedSource
 from router.membership import MemberRecord
 from router.observe import NO_PROVIDER, RouterObserver, provider_of
 from router.tenants import DEFAULT_WAIT_BUCKETS_S, AdmissionConfig
@@ -51,6 +52,7 @@ OTHER = "other"
 
 _REPLY_STATUSES = frozenset(s.value for s in ReplyStatus)
 _STOP_REASONS = {s.value: s for s in StopReason}
+_FEED_SOURCES = frozenset(s.value for s in FeedSource)
 
 Commit = Callable[[TrajectoryRecord, TrajectoryRecord, list[ChainRow]], None]
 """The worker's store hook: (previous record, new record, chain rows), raising on conflict."""
@@ -171,10 +173,18 @@ class Metrics(RouterObserver, TurnObserver):
         self.ring_members = Gauge(
             "reins_ring_members", "Workers in the membership by state.", ["state"], registry=r
         )
+        self.poison = Counter(
+            "reins_poison_notices",
+            "Feed entries that did not decode, moved to the dead letters (reins doctor).",
+            ["source"],
+            registry=r,
+        )
         self._tenants: set[str] = set()
         self.jain.set(math.nan)
         for state in RING_STATES:
             self.ring_members.labels(state).set(0)
+        for source in FeedSource:
+            self.poison.labels(source.value)
 
     # --- configuration ------------------------------------------------------------------------
 
@@ -306,6 +316,14 @@ class Metrics(RouterObserver, TurnObserver):
         """Trajectories held for approval per tenant, as counted from the store."""
         for tenant, n in held.items():
             self.held_approvals.labels(tenant).set(n)
+
+    def on_poison(self, source: str, count: int) -> None:
+        """``count`` entries of the feed's ``source`` stream went to the dead letters; a source
+        outside the closed list is logged, not counted."""
+        if source not in _FEED_SOURCES:
+            log.warning("poison of unknown source %r not counted", source)
+        elif count > 0:
+            self.poison.labels(source).inc(count)
 
     # --- exposition ---------------------------------------------------------------------------
 

@@ -200,7 +200,14 @@ class RouterParts:
         client = client if client is not None else client_for(settings)
         prefix = settings.key_prefix
         store = RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts)
-        feed = Feed(client, prefix)
+        feed = Feed(
+            client,
+            prefix,
+            router=options.name,
+            reclaim_after_s=settings.heartbeat_timeout_s,
+            on_poison=observer.on_poison,
+        )
+        feed.create_groups()
         membership = Membership.of(client, settings)
         replica = ReplicaRing(membership, options.name)
         if not options.tenants_file:

@@ -79,7 +79,7 @@ class HandBackRelay:
                 member,
             )
         self.outbox.flush()
-        self.feed.hand_back(*waiting)
+        self.feed.settle_handbacks(entries, again=waiting)  # sent on: acknowledged only now
         return sent
 
 

@@ -5,12 +5,17 @@ everything else travels through Redis under the key prefix ``P`` (plain keys, on
 operation, so the layout also fits Redis Cluster):
 
 ========================  ========  ==========================================================
-``P:fleet:ready``         list      :class:`Notice` values, oldest first (RPUSH / LPOP): a
-                                    trajectory is READY (submitted, or its turn ended so), or a
-                                    turn ended otherwise (held, finished, idle)
-``P:fleet:handback``      list      :class:`HandBack` values: turn messages a member gave back
+``P:fleet:notices``       stream    :class:`Notice` values (XADD): a trajectory is READY
+                                    (submitted, or its turn ended so), or a turn ended
+                                    otherwise (held, finished, idle); routers read it in the
+                                    group ``routers`` and acknowledge a notice once its effect
+                                    is durable (:mod:`router.streams`)
+``P:fleet:handbacks``     stream    :class:`HandBack` values: turn messages a member gave back
                                     unstarted (its drain grace ran out, or it cannot read the
-                                    record); a router sends each on to another member
+                                    record); a router sends each on to another member, then
+                                    acknowledges it
+``P:fleet:dead``          stream    dead letters: entries of either stream that did not decode,
+                                    with the error, the raw bytes and the source
 ``P:fleet:cancel``        channel   pub/sub: model call ids to cancel at once (``CancelCall``)
 ``P:fleet:admissions``    list      one JSON entry per admission, for the fairness figures
 ``P:fleet:starts``        list      admission-to-start delays (ms) that workers report
@@ -19,8 +24,9 @@ operation, so the layout also fits Redis Cluster):
 ========================  ========  ==========================================================
 
 Every turn message a worker takes ends in exactly one notice or one hand-back. A notice is a
-hint, never the truth: a router re-reads the record before acting on it. A cancel is best
-effort. Design: ``docs/adr/0006-fleet-wire.md``.
+hint, never the truth: a router re-reads the record before acting on it, so one delivered twice
+costs a load. A cancel is best effort. Design: ``docs/adr/0006-fleet-wire.md`` and
+``docs/adr/0045-durable-feed.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -40,6 +46,7 @@ from kernel.errors import InvalidInput
 from kernel.events import CallModel, Command, DispatchTool, LookupEffect
 from kernel.record import TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
+from router.streams import GroupReader, PoisonReport, Taken, append, ensure_group, execute
 from store.redis_client import Batch, direct_batch
 
 _COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
@@ -50,6 +57,7 @@ _COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
 #: Commands a turn message may carry: the ones a worker carries out against the world.
 WorkerCommand = CallModel | DispatchTool | LookupEffect
 log = logging.getLogger("reins.router.feed")
+_V = TypeVar("_V")
 STATS_CAP = 200_000  # the most entries the admissions and starts lists keep
 
 
@@ -106,12 +114,55 @@ class Notice:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Notice:
-        """Parse a stored notice; raise :class:`InvalidInput` for anything malformed."""
+        """Parse a stored notice; raise :class:`InvalidInput` for anything malformed (a field
+        of the wrong type, or more fields than this build knows, included: a notice that
+        would fail later, in the router's loop, must fail here)."""
         try:
             kind, *rest = json.loads(raw)
+            if len(rest) > len(_NOTICE_FIELDS) or not all(map(isinstance, rest, _NOTICE_TYPES)):
+                raise TypeError(_wrong_fields(rest))
             return cls(NoticeKind(kind), *rest)
         except (ValueError, TypeError) as exc:
-            raise InvalidInput(f"malformed notice {raw!r}: {exc}") from None
+            raise InvalidInput(f"malformed notice: {exc}") from None
+
+
+#: The fields of a notice after its kind, in their encoded order, and their JSON types.
+_NOTICE_FIELDS = (
+    "tenant",
+    "trajectory_id",
+    "version",
+    "call_id",
+    "input_tokens",
+    "output_allowance",
+    "at",
+    "route",
+    "lease",
+    "lease_route",
+    "used_tokens",
+)
+_NOTICE_TYPES: tuple[type | tuple[type, ...], ...] = (
+    str,
+    str,
+    int,
+    str,
+    int,
+    int,
+    (int, float),
+    str,
+    str,
+    str,
+    int,
+)
+
+
+def _wrong_fields(rest: list[Any]) -> str:
+    """Why the fields of a notice after its kind are not this build's."""
+    if len(rest) > len(_NOTICE_FIELDS):
+        return f"{len(rest)} fields after the kind; this build knows {len(_NOTICE_FIELDS)}"
+    for name, value, types in zip(_NOTICE_FIELDS, rest, _NOTICE_TYPES, strict=False):
+        if not isinstance(value, types):
+            return f"{name} is a {type(value).__name__}"
+    return "fields of the wrong types"
 
 
 def ready_notice(
@@ -270,7 +321,7 @@ class HandBack:
                 TurnMessage.from_payload(body["message"]),
             )
         except (ValueError, TypeError, KeyError) as exc:
-            raise InvalidInput(f"malformed hand-back {raw!r}: {exc}") from None
+            raise InvalidInput(f"malformed hand-back: {exc}") from None
 
 
 def worker_commands(commands: Sequence[Command]) -> tuple[WorkerCommand, ...]:
@@ -278,65 +329,149 @@ def worker_commands(commands: Sequence[Command]) -> tuple[WorkerCommand, ...]:
     return tuple(c for c in commands if isinstance(c, CallModel | DispatchTool | LookupEffect))
 
 
-class Feed:
-    """The ready feed, the stats lists and the cancel channel of one deployment (prefix)."""
+class FeedSource(StrEnum):
+    """The streams routers read, as dead letters and poison counts name them."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
-        self.client = client
-        self.ready_key = f"{prefix}:fleet:ready"
+    NOTICES = "notices"
+    HANDBACKS = "handbacks"
+
+
+class Feed:
+    """The wire of one deployment (prefix) as one process sees it: its notices and hand-backs,
+    the stats lists and the cancel channel.
+
+    Anyone appends; only a feed built for a ``router`` takes (as that consumer of the group
+    ``routers``, :mod:`router.streams`). Entries left pending longer than ``reclaim_after_s``
+    are taken over by :meth:`reclaim`; ``on_poison(source, count)`` hears of dead letters.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        *,
+        router: str = "",
+        reclaim_after_s: float = 5.0,
+        on_poison: PoisonReport | None = None,
+    ) -> None:
+        self.client, self.router = client, router
+        self.notices_key = f"{prefix}:fleet:notices"
+        self.handbacks_key = f"{prefix}:fleet:handbacks"
+        self.dead_key = f"{prefix}:fleet:dead"
         self.cancel_channel = f"{prefix}:fleet:cancel"
         self.admissions_key = f"{prefix}:fleet:admissions"
         self.starts_key = f"{prefix}:fleet:starts"
-        self.handback_key = f"{prefix}:fleet:handback"
         self.lease_key = f"{prefix}:fleet:admitter"
+        # The lists of the build before streams, drained by drain_legacy (remove in 0.x+1).
+        self.legacy_keys = (f"{prefix}:fleet:ready", f"{prefix}:fleet:handback")
+        self._reclaim_after_s, self._on_poison = reclaim_after_s, on_poison
+        self.notices = self._reader(self.notices_key, FeedSource.NOTICES, Notice.decode)
+        self.handbacks = self._reader(self.handbacks_key, FeedSource.HANDBACKS, HandBack.decode)
+
+    def create_groups(self) -> None:
+        """Create the group ``routers`` on both streams unless it exists (a router's boot)."""
+        ensure_group(self.client, self.notices_key)
+        ensure_group(self.client, self.handbacks_key)
+
+    def _reader(self, key: str, source: str, decode: Callable[[bytes], _V]) -> GroupReader[_V]:
+        return GroupReader(
+            self.client,
+            key,
+            consumer=self.router,
+            source=source,
+            decode=decode,
+            dead_key=self.dead_key,
+            reclaim_after_s=self._reclaim_after_s,
+            on_poison=self._on_poison,
+        )
 
     # --- notices -------------------------------------------------------------------------------
 
     def push(self, *notices: Notice, pipeline: Batch | None = None) -> None:
         """Append notices to the feed (one round trip, or queued on ``pipeline``)."""
         if notices:
-            (pipeline or self.client).rpush(self.ready_key, *(n.encode() for n in notices))
+            pipe = pipeline if pipeline is not None else self.batch()
+            for n in notices:
+                append(pipe, self.notices_key, n.encode())
+            if pipeline is None:
+                execute(pipe, self.notices_key)
 
     def batch(self) -> Batch:
         """A batch on the feed's Redis, to join a push to other writes."""
         return direct_batch(self.client)
 
-    def pop(self, limit: int = 256, block_s: float = 0.0) -> list[Notice]:
+    def take(self, limit: int = 256, block_s: float = 0.0, *, more: bool = False) -> Taken[Notice]:
         """Take up to ``limit`` notices, oldest first; wait up to ``block_s`` for the first.
 
-        Each notice goes to exactly one caller. A malformed entry is dropped (it is not a
-        notice any router wrote) and reported by :class:`InvalidInput` after the rest.
+        Each goes to one router at a time and stays pending until :meth:`done`; the notices
+        done since the last round trip are acknowledged in this one. ``more``: add to notices
+        taken just before and not done yet. A notice that does not decode goes to the dead
+        letters and the rest are taken (:class:`router.streams.GroupReader`).
         """
-        raw = cast(list[bytes] | None, self.client.lpop(self.ready_key, limit))
-        if not raw and block_s > 0:
-            got = cast(Any, self.client.blpop([self.ready_key], timeout=block_s))
-            raw = [got[1]] if got else []
-        out: list[Notice] = []
-        for item in raw or ():
-            out.append(Notice.decode(item))
-        return out
+        return self.notices.take(limit, block_s, more=more)
+
+    def reclaim(self, limit: int = 256) -> Taken[Notice]:
+        """Take over up to ``limit`` notices left pending longer than ``reclaim_after_s``."""
+        return self.notices.reclaim(limit)
+
+    def done(self, taken: Taken[Notice]) -> None:
+        """The notices of ``taken`` were acted on durably: acknowledge them with the next
+        round trip (or :meth:`flush`)."""
+        self.notices.done(taken)
+
+    def flush(self) -> None:
+        """Acknowledge the notices done now, if any wait (one round trip)."""
+        self.notices.flush()
 
     def depth(self) -> int:
-        """How many notices wait."""
-        waiting: Any = self.client.llen(self.ready_key)
+        """How many notices wait or are taken and not yet acknowledged."""
+        waiting: Any = self.client.xlen(self.notices_key)
         return int(waiting)
+
+    # --- hand-backs ----------------------------------------------------------------------------
 
     def hand_back(self, *entries: HandBack) -> None:
         """Give turn messages back for a router to send on (one round trip)."""
         if entries:
-            self.client.rpush(self.handback_key, *(e.encode() for e in entries))
+            pipe = self.batch()
+            for e in entries:
+                append(pipe, self.handbacks_key, e.encode())
+            execute(pipe, self.handbacks_key)
 
-    def take_handbacks(self, limit: int = 256) -> list[HandBack]:
-        """Take up to ``limit`` hand-backs, oldest first; each goes to exactly one caller. A
-        malformed entry (not one a worker wrote) is dropped and logged."""
-        raw = cast(list[bytes] | None, self.client.lpop(self.handback_key, limit)) or []
-        out = []
-        for item in raw:
-            try:
-                out.append(HandBack.decode(item))
-            except InvalidInput as exc:
-                log.warning("%s", exc)
-        return out
+    def take_handbacks(self, limit: int = 256) -> Taken[HandBack]:
+        """Take up to ``limit`` hand-backs, oldest first, and up to ``limit`` more that were
+        left pending longer than ``reclaim_after_s``; each stays pending until
+        :meth:`settle_handbacks`. One that does not decode goes to the dead letters."""
+        taken = self.handbacks.take(limit)
+        return taken + self.handbacks.reclaim(limit)
+
+    def settle_handbacks(self, taken: Taken[HandBack], again: Sequence[HandBack] = ()) -> None:
+        """The hand-backs of ``taken`` were sent on, or are in ``again`` to wait for a member
+        that may take them: append ``again`` and acknowledge ``taken``, in one round trip."""
+        pipe = self.batch()
+        for e in again:
+            append(pipe, self.handbacks_key, e.encode())
+        self.handbacks.done(taken)
+        self.handbacks.flush(pipe)
+        execute(pipe, self.handbacks_key)
+
+    def drain_legacy(self, limit: int = 256) -> int:
+        """Move what workers of the build before streams pushed onto the old lists into the
+        streams; how many entries moved. Transitional: lossy as those lists were (an entry is
+        gone if this process dies between the pop and the append)."""
+        pipe = self.batch()
+        for key in self.legacy_keys:
+            pipe.execute_command("LPOP", key, limit)
+        popped = execute(pipe, self.legacy_keys[0])
+        moved = 0
+        for stream, values in zip((self.notices_key, self.handbacks_key), popped, strict=True):
+            for value in values or ():
+                append(pipe, stream, value)
+                moved += 1
+        if moved:
+            execute(pipe, self.notices_key)
+            log.warning("moved %d entries of the pre-stream feed lists into the streams", moved)
+        return moved
 
     # --- cancels -------------------------------------------------------------------------------
 

@@ -68,3 +68,7 @@ class RouterObserver(AdmissionObserver):
 
     def on_held_approvals(self, held: Mapping[str, int]) -> None:
         """Trajectories held for approval, per tenant."""
+
+    def on_poison(self, source: str, count: int) -> None:
+        """``count`` entries of the feed's ``source`` stream (``notices``, ``handbacks``) did
+        not decode and were moved to the dead letters."""

@@ -145,11 +145,17 @@ class RouterService:
     # --- the tick ------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Ring refresh and publication; stranded turns; the lease or the claims' reconciler;
-        the admission figures gathered since the last tick."""
+        """Ring refresh and publication; hand-backs; notices other routers left pending;
+        stranded turns; the lease or the claims' reconciler; the admission figures gathered
+        since the last tick."""
         self.dispatcher.flush()
         self.replica.refresh()
+        self.feed.drain_legacy(self.options.batch)
         self.send_on_handbacks()
+        if self.admitting:
+            self.reclaim_notices()
+        else:
+            self.feed.flush()  # standing by: acknowledge what was done before
         self.reconciler.tick()  # lapsed members' turns, then the stranded-turn backstop
         if self.admitting:  # only an admitter knows what its queues hold
             self.ready_sweep.sweep()
@@ -173,6 +179,15 @@ class RouterService:
         now waits for the next tick (with its refusals forgotten: the fleet may have changed)."""
         return self.relay.send_on()
 
+    def reclaim_notices(self) -> int:
+        """Take over the notices left pending longer than ``REINS_HEARTBEAT_TIMEOUT_S`` (their
+        router died, or failed to act on them) and act on them; returns how many."""
+        taken = self.feed.reclaim(self.options.batch)
+        if taken:
+            self.dispatcher.intake(taken.items)
+        self.feed.done(taken)
+        return len(taken)
+
     def _hold_lease(self) -> None:
         """Renew the local admitter's lease, or stand by; take it over when it is free."""
         if self.admitting:
@@ -193,6 +208,9 @@ class RouterService:
     def cycle(self, block_s: float = 0.0) -> bool:
         """Take notices (waiting up to ``block_s`` for the first) and admit what fits.
 
+        Notices are acknowledged once the admitter holds what they asked for, with the next
+        take; if this cycle fails before, they stay pending and the next cycle takes them again.
+
         True when more work is likely waiting (a full batch of notices or of admissions), so
         the caller goes round again at once; otherwise it may block on the feed, which wakes
         it as soon as a turn ends, and then waits ``REINS_ROUTER_GATHER_S`` for more (measured
@@ -201,15 +219,16 @@ class RouterService:
         """
         d = self.dispatcher
         limit = self.options.batch
-        notices = self.feed.pop(limit, block_s=block_s)
+        notices = self.feed.take(limit, block_s=block_s)
         gather = self.settings.router_gather_s
         if block_s > 0 and gather > 0 and 0 < len(notices) < limit:
             # Idle until a turn ended: take the turns ending meanwhile into this cycle too, so
             # its round trips (requeue, claim, commit, custody, publish) serve several
             # admissions. A few milliseconds against a model call of seconds.
             self._stop.wait(gather)
-            notices += self.feed.pop(limit - len(notices))
-        d.intake(notices)
+            notices += self.feed.take(limit - len(notices), more=True)
+        d.intake(notices.items)
+        self.feed.done(notices)  # queued in the admitter: acknowledged with the next take
         admitted = 0
         while admitted < self.options.batch:
             burst = d.admit_some(SEND_BURST)
@@ -280,6 +299,7 @@ class RouterService:
     def close(self) -> None:
         """Give up the lease and the ring report; write what is pending."""
         self.dispatcher.flush()
+        self.feed.flush()
         if not self.shared and self.admitting:
             self.lease.release()
         self.membership.retire(self.name)

@@ -202,12 +202,12 @@ def test_notices_lost_with_their_feed_leave_no_trajectory_behind(faulty: Faulty)
     feed = Feed(faulty.client, faulty.prefix)
     wait_for(lambda: len(feed.admissions()) >= 60, 60, "60 admissions")
     # The feed is destroyed (the notices in it lost) and pushes fail while it cannot be written.
-    faulty.client.set(feed.ready_key, "not a feed")
+    faulty.client.set(feed.notices_key, "not a feed")
     wait_for(
         lambda: any("could not push the notice" in faulty.fleet.log(w) for w in ("w1", "w2")),
         30,
         "a worker's notice push to fail",
     )
-    faulty.client.delete(feed.ready_key)
+    faulty.client.delete(feed.notices_key)
     took = faulty.ended()
     print(f"\nthe feed was lost under load; every trajectory ended {took:.1f}s after it came back")

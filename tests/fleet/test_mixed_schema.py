@@ -82,7 +82,7 @@ def test_an_older_worker_hands_back_a_newer_record_unchanged_and_it_finishes_els
         service.send_on_handbacks()
         sent = [(m, TurnMessage.from_payload(p)) for m, p in inproc.sent]
         inproc.sent.clear()
-        if not sent and not inproc.feed.client.llen(inproc.feed.handback_key):
+        if not sent and not inproc.feed.client.xlen(inproc.feed.handbacks_key):
             break
         for member, msg in sent:
             before = newer.raw(msg.tenant, msg.trajectory_id)
@@ -121,9 +121,10 @@ def test_a_turn_every_member_refuses_waits_for_one_that_can_read_it(
     inproc.runner.run(TurnMessage.from_payload(payload))  # the older w1 hands it back
     assert service.send_on_handbacks() == 0, "no member but w1, which cannot read it"
     assert inproc.sent == []
-    (waiting,) = inproc.feed.take_handbacks()
+    taken = inproc.feed.take_handbacks()
+    (waiting,) = taken
     assert waiting.message.refused_by == (), "the refusals are forgotten: the fleet may change"
-    inproc.feed.hand_back(waiting)
+    inproc.feed.settle_handbacks(taken, again=[waiting])
 
     Membership(redis_client, key_prefix).register("w2")  # a newer worker joins
     service.replica.refresh()

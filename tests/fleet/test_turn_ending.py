@@ -49,4 +49,6 @@ def test_a_failed_push_is_kept_and_its_custody_released_once_redis_answers(
     feed.down = False
     assert ending.push_kept() == 3 and ending.push_kept() == 0
     assert custody.entrusted_to("w1") == []
-    assert [n.trajectory_id for n in Feed(redis_client, key_prefix).pop(10)] == ["t0", "t1", "t2"]
+    router = Feed(redis_client, key_prefix, router="r1")
+    router.create_groups()
+    assert [n.trajectory_id for n in router.take(10)] == ["t0", "t1", "t2"]

@@ -38,6 +38,7 @@ FAMILIES = {
     "reins_approvals_held": ("gauge", {"tenant"}),
     "reins_store_conflicts": ("counter", set()),
     "reins_ring_members": ("gauge", {"state"}),
+    "reins_poison_notices": ("counter", {"source"}),
 }
 
 
@@ -112,6 +113,24 @@ def test_config_declares_tenants_from_zero_and_drops_the_gone() -> None:
     m.on_config(smaller)
     assert m.registry.get_sample_value("reins_tenant_weight", {"tenant": "globex"}) is None
     assert value(m, "reins_tenant_weight", tenant="acme") == 3
+
+
+def test_poison_is_counted_per_source_of_a_closed_list() -> None:
+    m = Metrics()
+    assert value(m, "reins_poison_notices_total", source="notices") == 0
+    assert m.registry.get_sample_value("reins_poison_notices_total", {"source": "handbacks"}) == 0
+    m.on_poison("notices", 2)
+    m.on_poison("handbacks", 1)
+    m.on_poison("somewhere", 5)  # not a source of the feed: logged, not counted
+    assert value(m, "reins_poison_notices_total", source="notices") == 2
+    assert value(m, "reins_poison_notices_total", source="handbacks") == 1
+    sources = {
+        s.labels["source"]
+        for fam in m.registry.collect()
+        for s in fam.samples
+        if s.name == "reins_poison_notices_total"
+    }
+    assert sources == {"notices", "handbacks"}
 
 
 def test_figures_set_the_admitter_gauges_and_forget_clears_them() -> None:
