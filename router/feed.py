@@ -31,6 +31,7 @@ costs a load. A cancel is best effort. Design: ``docs/adr/0006-fleet-wire.md`` a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -520,32 +521,51 @@ class CancelListener:
 
     ``on_cancel(call_id)`` runs in the listener thread for every cancel heard. Call ids heard
     in the last ``remember_s`` seconds are kept, so a call whose token opens just after its
-    cancel went by is still canceled (:meth:`recently_canceled`).
+    cancel went by is still canceled (:meth:`recently_canceled`). A lost connection (Redis
+    restarted, a network fault) is logged and the channel subscribed again on a new one, for as
+    long as the listener runs: cancels published meanwhile are missed (pub/sub keeps nothing),
+    which the kernel's withdrawal already covers.
     """
 
     feed: Feed
     on_cancel: Callable[[str], None]
     remember_s: float = 120.0
+    resubscribe_s: float = 0.5  # the pause before subscribing again after a failure
     _recent: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _thread: Any = None
-    _pubsub: Any = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    subscribed: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Subscribe and start the listener thread."""
-        self._pubsub = self.feed.client.pubsub(  # type: ignore[no-untyped-call]
-            ignore_subscribe_messages=True
-        )
-        self._pubsub.subscribe(**{self.feed.cancel_channel: self._heard})
-        self._thread = self._pubsub.run_in_thread(sleep_time=0.5, daemon=True)
+        """Start the listener thread; it subscribes at once."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._listen, name="reins-cancels", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         """Stop listening and close the connection."""
+        self._stop.set()
         if self._thread is not None:
-            self._thread.stop()
             self._thread.join(timeout=5)
-        if self._pubsub is not None:
-            self._pubsub.close()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            pubsub: Any = self.feed.client.pubsub(  # type: ignore[no-untyped-call]
+                ignore_subscribe_messages=True
+            )
+            try:
+                pubsub.subscribe(**{self.feed.cancel_channel: self._heard})
+                self.subscribed.set()
+                while not self._stop.is_set():
+                    pubsub.get_message(timeout=0.5)  # runs _heard for a cancel
+            except Exception as exc:
+                self.subscribed.clear()
+                log.warning("cancel listener lost its subscription (%s); subscribing again", exc)
+                self._stop.wait(self.resubscribe_s)
+            finally:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
 
     def recently_canceled(self, call_id: str) -> bool:
         """True if a cancel for ``call_id`` was heard in the last ``remember_s`` seconds."""
