@@ -8,11 +8,7 @@ its PID and restarted on the same directory.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import socket
-import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,7 +30,7 @@ from store.redis_client import DirectBatch, client_from_url, direct_batch, direc
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for
-from tests.support import wait_for
+from tests.support.redis_server import OwnRedis
 
 pytestmark = pytest.mark.redis
 
@@ -271,54 +267,12 @@ def test_the_index_is_rebuilt_from_the_snapshots(
 # --- a test-owned server: NOSCRIPT and durability ---------------------------------------------
 
 
-@dataclass
-class OwnRedis:
-    """A redis-server this test started, on a free loopback port, persisting to ``dir``."""
-
-    dir: Path
-    port: int = field(default_factory=_free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed (make test installs it)")
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
-        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
-        args += ["--logfile", str(self.dir / "redis.log")]
-        self.proc = subprocess.Popen([binary, *args])
-        probe = redis.Redis.from_url(self.url, socket_timeout=1)
-        proc = self.proc
-
-        def up() -> bool:
-            assert proc.poll() is None, "redis-server exited on start"
-            try:
-                return bool(probe.ping())
-            except redis.ConnectionError:  # includes BusyLoadingError
-                return False
-
-        try:  # start and AOF load
-            wait_for(up, 10, f"redis-server on port {self.port} to come up", every_s=0.025)
-        finally:
-            probe.close()
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
     server = OwnRedis(tmp_path)
     server.start()
     yield server
-    if server.proc is not None and server.proc.poll() is None:
-        server.kill()
+    server.stop()
 
 
 def test_the_script_is_loaded_again_after_the_server_forgot_it(own_redis: OwnRedis) -> None:

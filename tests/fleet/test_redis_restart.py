@@ -1,0 +1,117 @@
+"""Redis SIGKILLed and started again under load, with turns committing at that moment.
+
+A redis-server of the test's own (``--appendonly yes --appendfsync always``, its own loopback
+port) holds the store and the broker of two routers and two Celery workers. It is SIGKILLed by
+PID while refunds run and started again on the same port and directory. Nobody restarts a fleet
+process: none exits, every trajectory ends, no record loses a version it had committed, the
+effects are at most one refund and one email per order, and a cancel sent after the restart
+still reaches a running model call (the workers' cancel listeners subscribed again). Turns whose
+commits failed while Redis was down are counted: they left custody and were recovered.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from examples.support_store.state import RedisState
+from kernel.states import TERMINAL, LifecycleState, StopReason
+from ops.fleet_local import LocalFleet
+from router.feed import Feed
+from store.redis_store import RedisStore
+from tests.fleet.conftest import WEIGHTS
+from tests.fleet.harness import refund_job, seed_orders, submit_refunds
+from tests.fleet.processes import caller_api, effects_by_order, start, stop_all, wait_all_ended
+from tests.support import wait_for
+from tests.support.redis_server import OwnRedis
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+TRAJECTORIES = 120
+
+
+def test_a_redis_restart_under_load_ends_no_process_and_loses_nothing(
+    fleet_env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "redis").mkdir()
+    server = OwnRedis(tmp_path / "redis")
+    server.start()
+    client = redis.Redis.from_url(server.url)
+    env = {
+        **fleet_env,
+        "REINS_REDIS_URL": server.url,
+        "REINS_BROKER_URL": server.url,
+        "REINS_HEARTBEAT_INTERVAL_S": "0.25",
+        "REINS_HEARTBEAT_TIMEOUT_S": "2",
+        "REINS_VISIBILITY_TIMEOUT_S": "300",
+        "REINS_MAX_TURN_S": "3",
+        "REINS_STALL_TIMEOUT_S": "4",
+        "REINS_SCRIPTED_LATENCY_S": "1.0",
+        "REINS_REDIS_TIMEOUT_S": "1.5",
+        "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
+    }
+    prefix = env["REINS_KEY_PREFIX"]
+    (tmp_path / "fleet").mkdir()
+    fleet = LocalFleet(env, tmp_path / "fleet", client)
+    store = RedisStore(client, prefix=prefix)
+    try:
+        start(fleet, routers=("r1", "r2"))
+        api = caller_api(env, client, "redis", None)
+        orders = seed_orders(client, prefix, 3000, TRAJECTORIES)
+        ids = submit_refunds(api, orders, list(WEIGHTS))
+        feed = Feed(client, prefix)
+        wait_for(lambda: len(feed.admissions()) >= 80, 60, "80 admissions before the restart")
+        versions = {tid: store.load(t, tid).record_version for t, tid in ids}
+        logged = {n: len(fleet.log(n)) for n in fleet.procs}
+        server.kill()  # turns are committing right now
+        down_at = time.monotonic()
+
+        def noticed() -> bool:
+            """Redis stays away until every process ran into it and a turn's commit failed
+            past its retries."""
+            fresh = {n: fleet.log(n)[logged[n] :] for n in fleet.procs}
+            return all("Error" in text for text in fresh.values()) and any(
+                "failed on" in fresh[w] for w in ("w1", "w2")
+            )
+
+        wait_for(noticed, 30, "every process to notice Redis is gone, and a turn to fail")
+        server.start()
+        print(f"\nRedis was down {time.monotonic() - down_at:.2f}s (SIGKILL, AOF reload)")
+
+        began = time.monotonic()
+        wait_all_ended(store, ids, 120, fleet)  # raises if any fleet process exited
+        print(f"every trajectory ended {time.monotonic() - began:.1f}s after the restart")
+        records = {tid: store.load(t, tid) for t, tid in ids}
+        assert all(r.state in TERMINAL for r in records.values())
+        lost = {tid for tid, v in versions.items() if records[tid].record_version < v}
+        assert lost == set(), f"records lost committed versions: {sorted(lost)[:10]}"
+        effects = effects_by_order(RedisState(client, prefix, seed=False).effects())
+        assert all(c["refund"] <= 1 and c["email"] <= 1 for c in effects.values())
+        failed = sum(fleet.log(w).count("failed on") for w in ("w1", "w2"))
+        assert failed > 0
+        print(f"{failed} turns failed while Redis was away; each left custody and was recovered")
+
+        oid = seed_orders(client, prefix, 3900, 1)[0]
+        tid = api.submit("acme", refund_job(oid)).trajectory_id
+
+        def calling() -> bool:
+            return store.load("acme", tid).state is LifecycleState.CALLING_MODEL
+
+        wait_for(calling, 30, "the new trajectory's model call to be in flight", every_s=0.01)
+        call_id = f"{tid}/m{store.load('acme', tid).turn}"
+        api.control("acme", tid, "cancel", "operator")
+        wait_for(
+            lambda: any(f"canceled model call {call_id}" in fleet.log(w) for w in ("w1", "w2")),
+            10,
+            "the cancel to reach the running model call",
+        )
+        wait_all_ended(store, [("acme", tid)], 30, fleet)
+        assert store.load("acme", tid).stop_reason is StopReason.CANCELED
+        for name, proc in fleet.procs.items():
+            assert proc.poll() is None, f"{name} exited"
+    finally:
+        stop_all(fleet)
+        fleet.close()
+        server.stop()
