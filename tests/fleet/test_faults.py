@@ -11,7 +11,11 @@ the broker's redelivery: each is reins's own.
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +31,7 @@ from ops.fleet_local import LocalFleet
 from router.custody import Custody
 from router.feed import Feed
 from router.membership import Membership
+from router.streams import FIELD, dead_letters
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.fleet.conftest import WEIGHTS
@@ -211,3 +216,31 @@ def test_notices_lost_with_their_feed_leave_no_trajectory_behind(faulty: Faulty)
     faulty.client.delete(feed.notices_key)
     took = faulty.ended()
     print(f"\nthe feed was lost under load; every trajectory ended {took:.1f}s after it came back")
+
+
+def test_unparseable_notices_among_good_ones_are_set_aside_and_stop_nothing(
+    faulty: Faulty,
+) -> None:
+    env = {"REINS_FOLLOW_ON_TURNS": "0"}  # every turn's end goes through the feed
+    start(faulty.fleet, routers=("r1", "r2"), env=env)
+    feed = Feed(faulty.client, faulty.prefix)
+    poison = [b"not json", b'["ready","acme"]', b'["from-a-newer-build",1,2,3]']
+    for raw in poison:  # written between good notices, as a newer build's worker would
+        faulty.client.xadd(feed.notices_key, {FIELD: raw})
+    faulty.submit(45, 2800)
+    for raw in poison:
+        faulty.client.xadd(feed.notices_key, {FIELD: raw})
+    took = faulty.ended()
+    dead = dead_letters(faulty.client, feed.dead_key, 100)
+    assert sorted(d.raw for d in dead) == sorted(poison * 2), "each set aside, with its bytes"
+    assert all(d.error for d in dead) and {d.source for d in dead} == {"notices"}
+    doctor = subprocess.run(
+        [str(Path(sys.executable).parent / "reins"), "doctor", "--json"],
+        env={**os.environ, **faulty.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    listed = json.loads(doctor.stdout)["dead_letters"]
+    assert len(listed) == len(dead), doctor.stderr
+    print(f"\n{len(dead)} unparseable notices set aside; every trajectory ended in {took:.1f}s")
