@@ -154,6 +154,7 @@ def resolve_unknown(draft: Draft, op: Operation, spec: ToolSpec, looked_up: bool
                 attempt_id=attempt,
                 tool=spec.name,
                 idempotency_key=op.idempotency_key,
+                fence=draft.fence,
             )
         )
         return
@@ -175,5 +176,6 @@ def resolve_unknown(draft: Draft, op: Operation, spec: ToolSpec, looked_up: bool
             args=op.args or {},
             idempotency_key=op.idempotency_key,
             timeout_s=min(spec.timeout_s, timeout),
+            fence=draft.fence,
         )
     )
