@@ -69,15 +69,12 @@ def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
         duration_s=ev.latency_s,
         detail={"key": op.idempotency_key, "attempt": ev.attempt_id, "looked_up": ev.looked_up},
     )
-    if ev.looked_up and status == "absent":
-        # The backend's word that the key's effect never happened: evidence that settles the
-        # earlier attempts (sent, so counted, but without effect); then re-send under the key.
-        for attempt in op.attempts:
-            if attempt in rec.ledger.reservations:
-                rec.ledger.book(attempt, ONE_TOOL_CALL)
     unknown = status == "unknown" or (ev.looked_up and status == "absent")
     if unknown and spec is not None and spec.kind is ToolKind.WRITE:
-        resolve_unknown(draft, op, spec, ev.looked_up)
+        if ev.looked_up:
+            _absent(draft, op, spec, ev)
+        else:
+            resolve_unknown(draft, op, spec)
         return
     _settle_tool(draft, op, ev)
     _carry_on(draft, op, spec, result)
@@ -99,6 +96,22 @@ def _carry_on(draft: Draft, op: Operation, spec: ToolSpec | None, result: dict[s
             shapes.advance(draft)
         return
     waits.after_result(draft)
+
+
+def _absent(draft: Draft, op: Operation, spec: ToolSpec, ev: ToolResultEvent) -> None:
+    """A lookup found no effect under the key. Its fence shuts out every attempt sent before
+    it, so that is evidence settling them (sent, so counted, but without effect); it says
+    nothing of an attempt sent after it. The latest attempt's answer re-sends under the key;
+    an older lookup's answer (a later attempt is under way) does nothing more."""
+    led = draft.rec.ledger
+    position = op.attempts.index(ev.attempt_id)
+    for attempt in op.attempts[:position]:
+        if attempt in led.reservations:
+            led.book(attempt, ONE_TOOL_CALL)
+    if position + 1 < len(op.attempts):
+        draft.note = f"{ev.call_id}: an older lookup's answer; a later attempt is under way"
+        return
+    resolve_unknown(draft, op, spec, looked_up=True)
 
 
 def _on_fenced(draft: Draft, op: Operation, spec: ToolSpec | None, ev: ToolResultEvent) -> None:
