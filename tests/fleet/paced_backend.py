@@ -5,7 +5,8 @@ store's shared Redis state, made as a service that cannot de-duplicate (only fen
 write out), behind :class:`PacedBackend`: each write waits :data:`WRITE_PACE_S` in the worker
 thread before it reaches the store, as a write crossing a slow network would. While it waits it
 is listed, with its fence, under ``P:paced:<pid>`` (a hash: idempotency key -> fence), so a test
-sees which writes a worker process has in flight.
+sees which writes a worker process has in flight; each lookup answered is listed, with its fence,
+under ``P:paced:looked``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ def in_flight_key(prefix: str, pid: int) -> str:
     return f"{prefix}:paced:{pid}"
 
 
+def looked_up_key(prefix: str) -> str:
+    """The hash of the lookups answered (idempotency key -> the fence of the latest)."""
+    return f"{prefix}:paced:looked"
+
+
 class PacedBackend:
     """Wraps a backend: a write reaches it only after ``pace_s``; reads and lookups at once."""
 
@@ -43,6 +49,7 @@ class PacedBackend:
     ) -> None:
         self.inner, self.writes, self.client, self.pace_s = inner, writes, client, pace_s
         self.listed = in_flight_key(prefix, os.getpid())
+        self.looked = looked_up_key(prefix)
 
     def call(
         self,
@@ -65,7 +72,9 @@ class PacedBackend:
             self.client.hdel(self.listed, key)
 
     def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
-        return self.inner.lookup(tool, key, fence=fence)
+        answer = self.inner.lookup(tool, key, fence=fence)
+        self.client.hset(self.looked, key, fence)
+        return answer
 
 
 def paced_support_store(agent: AgentModule, settings: Settings, client: redis.Redis) -> ToolBackend:
