@@ -77,6 +77,7 @@ class Draft:
         "ack",
         "commands",
         "ctx",
+        "fence",
         "note",
         "now",
         "quarantined",
@@ -88,6 +89,9 @@ class Draft:
         self.rec = rec.clone()
         self.ctx = ctx
         self.now = now
+        # The fencing token of every tool attempt and lookup this step sends: the version its
+        # commit writes first, so larger than any token an earlier committed step gave out.
+        self.fence = rec.record_version + 1
         self.commands: list[Command] = []
         self.rows: list[dict[str, Any]] = []  # chain rows, completed in result()
         self.quarantined: IllegalTransition | None = None

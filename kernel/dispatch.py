@@ -81,6 +81,7 @@ def dispatch(
                 idempotency_key=op.idempotency_key,
                 timeout_s=min(spec.timeout_s, timeout),
                 approval_digest=approval_digest,
+                fence=draft.fence,
             )
         )
 

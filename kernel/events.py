@@ -154,7 +154,14 @@ class CallModel(_Command):
 
 
 class DispatchTool(_Command):
-    """Run one tool call under its idempotency key; registered and reserved already."""
+    """Run one tool call under its idempotency key; registered and reserved already.
+
+    ``fence`` is the attempt's fencing token: the record version the step that sent it
+    commits (its input's version plus one). Every later attempt or lookup of the trajectory
+    carries a larger one, so a backend that keeps the highest fence per key refuses a late
+    write from an attempt the record has moved past (``kernel.tools.ToolBackend``). 0 only in
+    a message of a build before fences, and older than any fence.
+    """
 
     type: Literal["dispatch_tool"] = "dispatch_tool"
     call_id: str
@@ -164,16 +171,19 @@ class DispatchTool(_Command):
     idempotency_key: str
     timeout_s: float
     approval_digest: str | None = None  # set when a reviewer approved exactly these arguments
+    fence: int = 0
 
 
 class LookupEffect(_Command):
-    """Ask the tool's backend whether the effect of ``idempotency_key`` happened."""
+    """Ask the tool's backend whether the effect of ``idempotency_key`` happened; ``fence``
+    as for :class:`DispatchTool` (the backend remembers it, so its answer stays true)."""
 
     type: Literal["lookup_effect"] = "lookup_effect"
     call_id: str
     attempt_id: str
     tool: str
     idempotency_key: str
+    fence: int = 0
 
 
 class HoldForApproval(_Command):

@@ -2,7 +2,8 @@
 
 Every authentic result settles its reservation; it reaches the model's view only if its call
 is still eligible and was registered under the current control epoch (seed 004 listing 2). A
-write whose outcome is unknown is resolved as its tool declares, never retried blindly.
+write whose outcome is unknown is resolved as its tool declares, never retried blindly. A
+write the backend refused for an older fence settles only its own attempt (ADR 0046).
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ from kernel.events import ToolResulted as ToolResultEvent
 from kernel.record import Operation, OpKind, OpStatus, StepStatus
 from kernel.render import bound_result
 from kernel.states import LifecycleState, StopReason
-from kernel.tools import OnUnknown, ToolKind, ToolSpec
+from kernel.tools import FENCED, OnUnknown, ToolKind, ToolSpec
 
 S = LifecycleState
 BUSINESS_ERRORS = frozenset({"not_found", "invalid_state"})
+
+
+def refused_by_fence(result: dict[str, Any]) -> bool:
+    """True for a backend's refusal of a write whose fence is older than one it saw."""
+    return result.get("code") == FENCED and result.get("status") == "error"
 
 
 def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
@@ -46,8 +52,11 @@ def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
         draft.note = f"duplicate result for {ev.call_id}: already settled"
         return
     spec = draft.ctx.agent.catalog.get(op.tool or "")
-    draft.spend_time(ev.latency_s)
     result = ev.result
+    if refused_by_fence(result):
+        _on_fenced(draft, op, spec, ev)
+        return
+    draft.spend_time(ev.latency_s)
     status = result.get("status")
     op.evidence = {"attempt": ev.attempt_id, **result}
     draft.row(
@@ -60,21 +69,24 @@ def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
         duration_s=ev.latency_s,
         detail={"key": op.idempotency_key, "attempt": ev.attempt_id, "looked_up": ev.looked_up},
     )
-    if ev.looked_up and status == "absent":
-        # The backend's word that the key's effect never happened: evidence that settles the
-        # earlier attempts (sent, so counted, but without effect); then re-send under the key.
-        for attempt in op.attempts:
-            if attempt in rec.ledger.reservations:
-                rec.ledger.book(attempt, ONE_TOOL_CALL)
     unknown = status == "unknown" or (ev.looked_up and status == "absent")
     if unknown and spec is not None and spec.kind is ToolKind.WRITE:
-        resolve_unknown(draft, op, spec, ev.looked_up)
+        if ev.looked_up:
+            _absent(draft, op, spec, ev)
+        else:
+            resolve_unknown(draft, op, spec)
         return
     _settle_tool(draft, op, ev)
+    _carry_on(draft, op, spec, result)
+
+
+def _carry_on(draft: Draft, op: Operation, spec: ToolSpec | None, result: dict[str, Any]) -> None:
+    """A settled call: stage its result if still eligible, then the plan or the wait goes on."""
+    rec = draft.rec
     eligible = op.eligible and op.epoch == rec.control_epoch
     op.eligible = False
     if not eligible or rec.state is not S.WAITING_TOOL:
-        draft.note = f"{ev.call_id} settled; not staged (no longer eligible)"
+        draft.note = f"{op.call_id} settled; not staged (no longer eligible)"
         return
     _stage(draft, op, spec, result)
     if op.plan_step is not None and shapes.executes_plans(draft):
@@ -84,6 +96,57 @@ def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
             shapes.advance(draft)
         return
     waits.after_result(draft)
+
+
+def _absent(draft: Draft, op: Operation, spec: ToolSpec, ev: ToolResultEvent) -> None:
+    """A lookup found no effect under the key. Its fence shuts out every attempt sent before
+    it, so that is evidence settling them (sent, so counted, but without effect); it says
+    nothing of an attempt sent after it. The latest attempt's answer re-sends under the key;
+    an older lookup's answer (a later attempt is under way) does nothing more."""
+    led = draft.rec.ledger
+    position = op.attempts.index(ev.attempt_id)
+    for attempt in op.attempts[:position]:
+        if attempt in led.reservations:
+            led.book(attempt, ONE_TOOL_CALL)
+    if position + 1 < len(op.attempts):
+        draft.note = f"{ev.call_id}: an older lookup's answer; a later attempt is under way"
+        return
+    resolve_unknown(draft, op, spec, looked_up=True)
+
+
+def _on_fenced(draft: Draft, op: Operation, spec: ToolSpec | None, ev: ToolResultEvent) -> None:
+    """A write refused for an older fence: evidence that this attempt had no effect, since a
+    newer attempt or lookup of its key reached the backend first. It is settled at one tool
+    call and no dollars, recorded, and never shown to the model; the call's own outcome comes
+    from its later attempt. Only if it is the attempt the record still waits for (the newer
+    fence came from outside this record's history) is the key's outcome unknown: resolved as
+    the tool declares, under a newer fence."""
+    rec = draft.rec
+    led = rec.ledger
+    waiting = op.eligible and op.epoch == rec.control_epoch and rec.state is S.WAITING_TOOL
+    awaited = waiting and op.attempts[-1] == ev.attempt_id and spec is not None
+    held = ev.attempt_id in led.reservations
+    if not held and not awaited:
+        draft.note = f"late refused attempt {ev.attempt_id}: already settled"
+        return
+    if held:
+        led.book(ev.attempt_id, ONE_TOOL_CALL)  # sent and refused: counted, nothing charged
+    draft.row(
+        RowKind.TOOL,
+        call_id=ev.call_id,
+        tool=op.tool,
+        args=op.args,
+        outcome="error",
+        error=FENCED,
+        duration_s=ev.latency_s,
+        detail={"key": op.idempotency_key, "attempt": ev.attempt_id, "looked_up": ev.looked_up},
+    )
+    if awaited and spec is not None:
+        draft.spend_time(ev.latency_s)
+        op.evidence = {"attempt": ev.attempt_id, **ev.result}
+        resolve_unknown(draft, op, spec)
+    elif not waiting and not any(a in led.reservations for a in op.attempts):
+        op.status = OpStatus.SETTLED
 
 
 def _settle_tool(draft: Draft, op: Operation, ev: ToolResultEvent) -> None:
@@ -154,6 +217,7 @@ def resolve_unknown(draft: Draft, op: Operation, spec: ToolSpec, looked_up: bool
                 attempt_id=attempt,
                 tool=spec.name,
                 idempotency_key=op.idempotency_key,
+                fence=draft.fence,
             )
         )
         return
@@ -175,5 +239,6 @@ def resolve_unknown(draft: Draft, op: Operation, spec: ToolSpec, looked_up: bool
             args=op.args or {},
             idempotency_key=op.idempotency_key,
             timeout_s=min(spec.timeout_s, timeout),
+            fence=draft.fence,
         )
     )

@@ -160,12 +160,26 @@ class DeclaredTool:
     fn: Callable[..., Any]
 
 
+#: The ``code`` of a write a backend refused because it saw a newer fence for the key.
+FENCED = "fenced"
+
+
 class ToolBackend(Protocol):
     """Runs tool calls for one agent. Results are dicts with a ``status``; latency is reported.
 
     Contract: a write under an idempotency key takes effect at most once; a repeated key
     returns the stored result. A write that outlives its timeout may still take effect, and
     then reports ``{"status": "unknown"}``.
+
+    Fencing (docs/adr/0046-fencing.md): every call and lookup carries the attempt's ``fence``,
+    a token that grows each time the kernel re-sends or looks up a key after a recovery or an
+    unknown outcome. Atomically with its check of the key, a backend remembers the highest
+    fence it has seen for each key, on every call **and every lookup**, and refuses a write
+    whose fence is lower than that with ``{"status": "error", "code": "fenced"}`` and no
+    effect; an equal or higher fence is served as before (applied, or replayed by key). A
+    lookup records its fence so that the answer it gives stays true: once it said ``absent``,
+    no older attempt still in flight (a paused worker's) can take effect after it. The kernel
+    takes ``fenced`` as evidence that the attempt had no effect (``kernel.results``).
     """
 
     def call(
@@ -176,10 +190,13 @@ class ToolBackend(Protocol):
         key: str,
         timeout_s: float,
         approval: str | None = None,
+        *,
+        fence: int,
     ) -> tuple[dict[str, Any], float]:
-        """Run one call; return (result, seconds spent)."""
+        """Run one call under ``key`` and ``fence``; return (result, seconds spent)."""
         ...
 
-    def lookup(self, tool: str, key: str) -> tuple[dict[str, Any], float]:
-        """Whether the effect of ``key`` happened: its stored result, or status ``absent``."""
+    def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
+        """Whether the effect of ``key`` happened: its stored result, or status ``absent``;
+        ``fence`` is remembered for the key before the answer is given."""
         ...

@@ -11,9 +11,16 @@ from kernel.tools import ToolBackend
 def dispatch(
     backend: ToolBackend, user: str, cmd: DispatchTool | LookupEffect
 ) -> tuple[dict[str, Any], float]:
-    """Carry out one tool command: a lookup of its idempotency key, or the call itself."""
+    """Carry out one tool command: a lookup of its idempotency key, or the call itself; either
+    carries the command's fencing token."""
     if isinstance(cmd, LookupEffect):
-        return backend.lookup(cmd.tool, cmd.idempotency_key)
+        return backend.lookup(cmd.tool, cmd.idempotency_key, fence=cmd.fence)
     return backend.call(
-        user, cmd.tool, cmd.args, cmd.idempotency_key, cmd.timeout_s, approval=cmd.approval_digest
+        user,
+        cmd.tool,
+        cmd.args,
+        cmd.idempotency_key,
+        cmd.timeout_s,
+        approval=cmd.approval_digest,
+        fence=cmd.fence,
     )

@@ -110,13 +110,17 @@ class RecordingBackend:
         key: str,
         timeout_s: float,
         approval: str | None = None,
+        *,
+        fence: int,
     ) -> tuple[dict[str, Any], float]:
-        result, secs = self.inner.call(user, tool, args, key, timeout_s, approval=approval)
+        result, secs = self.inner.call(
+            user, tool, args, key, timeout_s, approval=approval, fence=fence
+        )
         self.recording.inputs.append(ToolInput(tool=tool, key=key, result=result, seconds=secs))
         return result, secs
 
-    def lookup(self, tool: str, key: str) -> tuple[dict[str, Any], float]:
-        result, secs = self.inner.lookup(tool, key)
+    def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
+        result, secs = self.inner.lookup(tool, key, fence=fence)
         self.recording.inputs.append(
             ToolInput(tool=tool, key=key, result=result, seconds=secs, lookup=True)
         )
@@ -163,7 +167,8 @@ class ReplayModel:
 
 
 class ReplayBackend:
-    """Answers from the recording; calls no tool."""
+    """Answers from the recording; calls no tool (so fences, which the replayed kernel gives
+    out again exactly as it did, are not checked)."""
 
     def __init__(self, tape: _Tape) -> None:
         self.tape = tape
@@ -176,11 +181,13 @@ class ReplayBackend:
         key: str,
         timeout_s: float,
         approval: str | None = None,
+        *,
+        fence: int,
     ) -> tuple[dict[str, Any], float]:
         item = self.tape.take("tool")
         return dict(item.result), item.seconds
 
-    def lookup(self, tool: str, key: str) -> tuple[dict[str, Any], float]:
+    def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
         item = self.tape.take("tool")
         return dict(item.result), item.seconds
 

@@ -77,8 +77,9 @@ def opening(rec: TrajectoryRecord, msg: TurnMessage, redelivered: bool) -> Openi
 
 
 def check_current(rec: TrajectoryRecord, msg: TurnMessage) -> None:
-    """Refuse a message whose version or epoch is not the record's."""
-    if rec.record_version != msg.version:
+    """Refuse a message whose version or epoch is not the record's, unless the record only
+    took in late evidence since (:func:`still_sent`)."""
+    if rec.record_version != msg.version and not still_sent(rec, msg):
         raise Ignored(
             f"stale version: the message expects v{msg.version}, "
             f"the record is at v{rec.record_version} ({rec.state.value})"
@@ -88,6 +89,23 @@ def check_current(rec: TrajectoryRecord, msg: TurnMessage) -> None:
             f"stale epoch: the message was admitted under control epoch {msg.epoch}, "
             f"the record is at epoch {rec.control_epoch}"
         )
+
+
+def still_sent(rec: TrajectoryRecord, msg: TurnMessage) -> bool:
+    """True when ``rec`` moved past the message's version without leaving the turn it sent:
+    the same epoch, and every command's call still open, eligible and at the attempt the
+    message carries. Only evidence of other calls moves a record so (a withdrawn call's late
+    reply, a late write refused for its fence, a progress line); it must not strand the turn."""
+    if rec.record_version < msg.version or rec.control_epoch != msg.epoch or not msg.commands:
+        return False
+    acting = S.CALLING_MODEL if isinstance(msg.commands[0], CallModel) else S.WAITING_TOOL
+    if rec.state is not acting:
+        return False
+    for cmd in msg.commands:
+        op = rec.operations.get(cmd.call_id)
+        if op is None or not op.open or not op.eligible or op.attempts[-1] != cmd.attempt_id:
+            return False
+    return True
 
 
 def check_in_flight(rec: TrajectoryRecord, msg: TurnMessage) -> None:

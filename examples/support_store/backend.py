@@ -2,14 +2,15 @@
 
 A repeated call key replays the stored result; a write that outlives its timeout still takes
 effect but reports an unknown outcome; a refund above the automatic limit needs an approval
-that reins granted for exactly those arguments.
+that reins granted for exactly those arguments. Writes and lookups are fenced: a write under a
+key that was called or looked up with a newer fence is refused (``kernel.tools.ToolBackend``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from examples.support_store.state import MemoryState, Order, StoreState
+from examples.support_store.state import MemoryState, Order, StoreState, Written
 
 AUTO_LIMIT = 5000  # cents
 LATENCY = {"get_order": 0.4, "search_policy": 0.8, "issue_refund": 1.2, "send_status_email": 0.9}
@@ -38,12 +39,16 @@ class SupportStoreBackend:
         key: str,
         timeout_s: float,
         approval: str | None = None,
+        *,
+        fence: int,
     ) -> tuple[dict[str, Any], float]:
         self.calls += 1
         secs = self.latency.get(tool, 0.5)
         if tool in WRITES:
-            result, replayed = self._write(user, tool, args, key, approval)
-            if replayed:
+            result, written = self._write(user, tool, args, key, approval, fence)
+            if written is Written.FENCED:
+                return result, REPLAY_S
+            if written is Written.REPLAYED:
                 return {**result, "replayed": True}, REPLAY_S
             if secs > timeout_s:  # it happened, but the caller only learns "unknown"
                 return {"status": "unknown", "code": "timeout"}, max(timeout_s, 0.0)
@@ -53,8 +58,8 @@ class SupportStoreBackend:
             return _err("timeout"), max(timeout_s, 0.0)
         return result, secs
 
-    def lookup(self, tool: str, key: str) -> tuple[dict[str, Any], float]:
-        stored = self.state.stored(key, tool)
+    def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
+        stored = self.state.lookup(key, tool, fence)
         if stored is None:
             return {"status": "absent", "key": key}, REPLAY_S
         return {**stored, "replayed": True}, REPLAY_S
@@ -62,6 +67,10 @@ class SupportStoreBackend:
     def effects(self) -> list[list[Any]]:
         """The effects ledger."""
         return self.state.effects()
+
+    def fenced_writes(self) -> int:
+        """How many writes were refused for an older fence."""
+        return self.state.fenced_writes()
 
     # --- the store's rules ---------------------------------------------------------------
 
@@ -81,8 +90,14 @@ class SupportStoreBackend:
         return _err("unknown_tool")
 
     def _write(
-        self, user: str, tool: str, args: dict[str, Any], key: str, approval: str | None
-    ) -> tuple[dict[str, Any], bool]:
+        self,
+        user: str,
+        tool: str,
+        args: dict[str, Any],
+        key: str,
+        approval: str | None,
+        fence: int,
+    ) -> tuple[dict[str, Any], Written]:
         order_id = str(args.get("order_id"))
 
         def apply(order: Order | None) -> tuple[dict[str, Any], Order | None, list[list[Any]]]:
@@ -99,4 +114,4 @@ class SupportStoreBackend:
                 return result, updated, [["refund", order_id, amount]]
             return {"status": "ok", "sent": True}, None, [["email", order_id]]
 
-        return self.state.write_once(key, tool, order_id, apply)
+        return self.state.write_once(key, tool, order_id, apply, fence)

@@ -95,7 +95,8 @@ def build_graph() -> Any:
         reply = state["reply"] or {}
         name, args = reply["name"], reply["args"]
         key = f"{config['configurable']['thread_id']}:{reply.get('plan_step')}"
-        result, _secs = backend.call("cu_ana", name, args, key, 30.0)
+        # One attempt per key and no recovery on this side: the lowest fencing token serves.
+        result, _secs = backend.call("cu_ana", name, args, key, 30.0, fence=0)
         facts = dict(state["facts"])
         plan = [dict(s) for s in state["plan"]]
         if result.get("status") == "ok":

@@ -39,8 +39,10 @@ class DiesAfterTheRefund(SupportStoreBackend):
         key: str,
         timeout_s: float,
         approval: str | None = None,
+        *,
+        fence: int,
     ) -> tuple[dict[str, Any], float]:
-        result = super().call(user, tool, args, key, timeout_s, approval)
+        result = super().call(user, tool, args, key, timeout_s, approval, fence=fence)
         if tool == "issue_refund":
             os.kill(os.getpid(), signal.SIGKILL)
         return result
