@@ -122,6 +122,7 @@ class FleetWorker:
             observer=observer,
             leases=self.leases,
             follow_on=self._follow_on(gates, custody, observer),
+            max_call_s=settings.max_turn_s,
         )
         self._stop = threading.Event()
         self._handing_back = threading.Event()  # the drain grace ran out: give turns back

@@ -150,9 +150,10 @@ class TurnRunner:
         observer: TurnObserver | None = None,
         leases: LeaseKeeper | None = None,
         follow_on: FollowOn | None = None,
+        max_call_s: float = float("inf"),
     ) -> None:
         inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
-        self._carrier = CommandCarrier(tools, inflight, listener, clock)
+        self._carrier = CommandCarrier(tools, inflight, listener, clock, max_call_s)
         self._ending = TurnEnding(feed, worker, custody, leases)
         self.store = store
         self.observer = observer or TurnObserver()

@@ -21,7 +21,11 @@ log = logging.getLogger("reins.worker.turn")
 
 
 class CommandCarrier:
-    """Carries out model and tool commands for a worker's turns; safe to call from many threads."""
+    """Carries out model and tool commands for a worker's turns; safe to call from many threads.
+
+    No call is given more than ``max_call_s`` (``REINS_MAX_TURN_S``), whatever the command allows:
+    the routers' sweeps count on a turn's version moving at least that often.
+    """
 
     def __init__(
         self,
@@ -29,8 +33,10 @@ class CommandCarrier:
         inflight: InflightCalls,
         listener: CancelListener | None,
         clock: Callable[[], float],
+        max_call_s: float = float("inf"),
     ) -> None:
         self.tools, self.inflight, self.listener, self.clock = tools, inflight, listener, clock
+        self.max_call_s = max_call_s
 
     def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, int | None]:
         """Do what ``cmd`` asks; its event, and the model tokens it used (None: no evidence)."""
@@ -47,7 +53,8 @@ class CommandCarrier:
             if self.listener is not None and self.listener.recently_canceled(cmd.call_id):
                 token.set()  # the cancel came before the call: it ends before it is sent
             model = self.tools.model(rec.agent, rec.goal)
-            reply = model.call(cmd.view, cmd.max_output_tokens, cmd.timeout_s, cancel=token)
+            timeout = min(cmd.timeout_s, self.max_call_s)
+            reply = model.call(cmd.view, cmd.max_output_tokens, timeout, cancel=token)
         finally:
             self.inflight.close(cmd.call_id)
         used = None
@@ -61,6 +68,8 @@ class CommandCarrier:
         gives an ``unknown`` outcome for a write, an ``error`` for a read."""
         backend = self.tools.backend(rec.agent)
         looked_up = isinstance(cmd, LookupEffect)
+        if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
+            cmd = cmd.model_copy(update={"timeout_s": self.max_call_s})
         try:
             result, secs = dispatch(backend, rec.user, cmd)
         except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
