@@ -32,10 +32,12 @@ class HungRefunds(SupportStoreBackend):
         key: str,
         timeout_s: float,
         approval: str | None = None,
+        *,
+        fence: int,
     ) -> tuple[dict[str, Any], float]:
         if tool == "issue_refund":
             _NEVER.wait()
-        return super().call(user, tool, args, key, timeout_s, approval)
+        return super().call(user, tool, args, key, timeout_s, approval, fence=fence)
 
 
 def hung_support_store(agent: AgentModule, settings: Settings, client: redis.Redis) -> ToolBackend:

@@ -168,14 +168,14 @@ def test_a_worker_started_again_under_its_name_hands_its_turns_to_the_reconciler
 
 def test_a_wedged_worker_whose_heartbeat_goes_on_is_treated_as_dead(faulty: Faulty) -> None:
     port = free_port()
-    wedged = {"REINS_WORKER_CONCURRENCY": "4", "REINS_HEALTH_PORT": str(port)}
+    wedged = {"REINS_WORKER_CONCURRENCY": "2", "REINS_HEALTH_PORT": str(port)}
     faulty.fleet.start("worker", "w1", "--backend", BACKEND)
     faulty.fleet.start(
         "worker", "w2", "--backend", "tests.fleet.faults:hung_support_store", env=wedged
     )
     faulty.fleet.start("router", "r1", "--admitter", "redis")
     faulty.fleet.wait_ready(["w1", "w2"], ["r1"])
-    faulty.submit(60, 2400)
+    faulty.submit(90, 2400)  # more than w2's threads and prefetch can take off its queue
     membership = Membership(
         faulty.client, faulty.prefix, heartbeat_timeout_s=2.0, stall_timeout_s=4.0
     )
