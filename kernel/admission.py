@@ -82,14 +82,15 @@ def admit(draft: Draft) -> None:
     if rec.active_s >= budget.deadline_s:
         draft.stop(StopReason.DEADLINE)
         return
+    ctx = draft.ctx
     view = render(rec)
-    tokens_in = draft.ctx.estimator(view)
+    tokens_in = ctx.reserved_input(ctx.estimator(view))
     cap = budget.max_output_tokens
-    liability = model_call_liability(draft.ctx.agent.model.price, tokens_in, cap)
-    if draft.ctx.agent.escalation is not None and escalate(draft, liability):
+    liability = model_call_liability(ctx.agent.model.price, tokens_in, cap)
+    if ctx.agent.escalation is not None and escalate(draft, liability):
         view = render(rec)  # the view now carries the escalation notice
-        tokens_in = draft.ctx.estimator(view)
-        liability = model_call_liability(draft.ctx.agent.model.price, tokens_in, cap)
+        tokens_in = ctx.reserved_input(ctx.estimator(view))
+        liability = model_call_liability(ctx.agent.model.price, tokens_in, cap)
     call_id = f"{rec.trajectory_id}/m{rec.turn + 1}"
     attempt = f"{call_id}/a1"
 

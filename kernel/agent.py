@@ -23,13 +23,22 @@ class LoopShape(StrEnum):
 
 @dataclass(frozen=True)
 class ModelRef:
-    """Which model to call and what it costs."""
+    """Which model to call, what it costs, and what a call's input holds beyond the view.
+
+    Admission reserves the view's estimated tokens plus what the estimate cannot see: a share
+    ``input_margin`` of it (the provider's tokenizer counts differently), ``framing_tokens`` of
+    the provider's message framing, and, when ``sends_tool_schemas``, the agent's tool schemas
+    as the provider receives them. Usage past the reservation is still booked, as an overrun.
+    """
 
     provider: str  # "scripted", "openai-compatible", ...
     name: str
     price: ModelPrice
     base_url: str | None = None
     api_key_env: str | None = None
+    input_margin: float = 0.1
+    framing_tokens: int = 64
+    sends_tool_schemas: bool = True
 
 
 class WaitKind(StrEnum):

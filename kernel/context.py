@@ -8,8 +8,10 @@ stop the run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from kernel.agent import AgentProfile
@@ -19,6 +21,7 @@ from kernel.closing import closing_message
 from kernel.errors import IllegalTransition
 from kernel.events import Command, Enqueue, Finish
 from kernel.fastmodel import construct, shallow_copy
+from kernel.jsontext import plain_text
 from kernel.lifecycle import Cause, Decision, transition
 from kernel.progress import signature
 from kernel.record import (
@@ -54,6 +57,25 @@ class KernelContext:
     # A local capacity gate for tools (sandbox slots, memory): (record, spec, args) -> fits.
     # An approved action that does not fit stays held; a host's tool capacity plugs in here.
     capacity: Callable[[TrajectoryRecord, ToolSpec, dict[str, Any]], bool] | None = None
+
+    @cached_property
+    def unseen_tokens(self) -> int:
+        """Input tokens of every call that the view's estimate does not count: the provider's
+        framing, and the tool schemas when the model is sent them (computed once)."""
+        model = self.agent.model
+        if not model.sends_tool_schemas:
+            return model.framing_tokens
+        schemas = [
+            {"name": spec.name, "description": spec.description, "parameters": spec.json_schema()}
+            for spec in self.agent.catalog.tools.values()
+        ]
+        return model.framing_tokens + self.estimator(plain_text(schemas))
+
+    def reserved_input(self, estimated: int) -> int:
+        """The input tokens admission reserves for a view estimated at ``estimated``."""
+        margin = self.agent.model.input_margin
+        extra = math.ceil(estimated * margin) if margin else 0
+        return estimated + extra + self.unseen_tokens
 
 
 @dataclass

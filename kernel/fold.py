@@ -10,16 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from kernel import shapes
-from kernel.amounts import model_call_charge
+from kernel.amounts import NOTHING, Amounts, model_call_charge
 from kernel.chain import RowKind
-from kernel.context import Draft
+from kernel.context import MISFIT_STOP, Draft
 from kernel.dispatch import Call, call_key, dispatch, refusal
 from kernel.errors import IllegalTransition, UnknownReference
 from kernel.events import HoldForApproval, ModelReplied, ReplyStatus
 from kernel.lifecycle import Cause
 from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import digest, fingerprint
-from kernel.record import HeldProposal, OpKind, OpStatus, TrajectoryRecord
+from kernel.record import HeldProposal, Operation, OpKind, OpStatus, TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
 from kernel.tools import ToolSpec
 
@@ -38,40 +38,21 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
     if op.evidence is not None:
         draft.note = f"duplicate reply for {ev.call_id}: already settled"
         return
-    draft.spend_time(ev.latency_s)
-    attempt = op.attempts[-1]
-    # The proposal itself goes to the chain; the record keeps only what decisions need,
-    # plus the raw text of any reply that did not complete, for diagnostics.
-    op.evidence = {"status": ev.status.value}
-    if ev.status is not ReplyStatus.COMPLETED and ev.raw is not None:
-        op.evidence["raw"] = ev.raw
-    if ev.usage is not None:
-        rec.ledger.book(attempt, model_call_charge(draft.ctx.agent.model.price, ev.usage))
-        op.status = OpStatus.SETTLED
-    else:
-        op.status = OpStatus.UNKNOWN  # no usage evidence: the reservation stays
-    usage = ev.usage
-    draft.row(
-        RowKind.MODEL,
-        call_id=ev.call_id,
-        outcome=ev.status.value,
-        tokens_in=(usage.uncached_input + usage.cached_input) if usage else 0,
-        tokens_out=usage.output if usage else 0,
-        duration_s=ev.latency_s,
-        detail={"proposal": ev.content, "timed_out": ev.timed_out},
-    )
+    evidence, over = _settle_reply(draft, op, ev)
     current = rec.state is S.CALLING_MODEL and op.eligible and op.epoch == rec.control_epoch
     if not current:
         # The reply outlived its claim (pause, interrupt, cancel): settled, kept as diagnostics.
         draft.quarantined = IllegalTransition(
             rec.state.value, "WAITING_TOOL", ev.call_id, "reply is no longer eligible"
         )
-        op.evidence["quarantined"] = True
+        evidence["quarantined"] = True
         if ev.raw is not None:
-            op.evidence["raw"] = ev.raw
+            evidence["raw"] = ev.raw
         op.eligible = False
         return
     op.eligible = False
+    if over is not NOTHING and _stopped_by_overrun(draft, over):
+        return
     if ev.timed_out or rec.active_s >= rec.budget.deadline_s:
         draft.stop(StopReason.DEADLINE)
         return
@@ -84,6 +65,50 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
         draft.end_turn(Cause.REPLY_OBSERVE)
         return
     _route_proposal(draft, ev.content)
+
+
+def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[str, Any], Amounts]:
+    """Book the reply's usage (or keep the reservation when it has none) and write its chain
+    row; returns the call's evidence and the usage past the reservation."""
+    draft.spend_time(ev.latency_s)
+    attempt = op.attempts[-1]
+    # The proposal itself goes to the chain; the record keeps only what decisions need,
+    # plus the raw text of any reply that did not complete, for diagnostics.
+    evidence: dict[str, Any] = {"status": ev.status.value}
+    op.evidence = evidence
+    if ev.status is not ReplyStatus.COMPLETED and ev.raw is not None:
+        evidence["raw"] = ev.raw
+    over = NOTHING
+    usage = ev.usage
+    if usage is not None:
+        charge = model_call_charge(draft.ctx.agent.model.price, usage)
+        over = draft.rec.ledger.book(attempt, charge)
+        op.status = OpStatus.SETTLED
+    else:
+        op.status = OpStatus.UNKNOWN  # no usage evidence: the reservation stays
+    detail: dict[str, Any] = {"proposal": ev.content, "timed_out": ev.timed_out}
+    if over is not NOTHING:
+        detail["overrun"] = over.model_dump(mode="json")
+    draft.row(
+        RowKind.MODEL,
+        call_id=ev.call_id,
+        outcome=ev.status.value,
+        tokens_in=(usage.uncached_input + usage.cached_input) if usage else 0,
+        tokens_out=usage.output if usage else 0,
+        duration_s=ev.latency_s,
+        detail=detail,
+    )
+    return evidence, over
+
+
+def _stopped_by_overrun(draft: Draft, over: Amounts) -> bool:
+    """A reply whose usage passed its reservation and took a dimension's headroom ends the run
+    with that dimension's stop, before anything else can be admitted; True if it did."""
+    dim = draft.rec.ledger.breached()
+    if dim is None:
+        return False
+    draft.stop(MISFIT_STOP[dim], f"usage past its reservation by {over.get(dim)} {dim.value}")
+    return True
 
 
 def _route_proposal(draft: Draft, content: Any) -> None:

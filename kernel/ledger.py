@@ -7,6 +7,8 @@ bounded-liability admission (seed 004 equation 1), in every dimension::
     actual + reserved + liability + reserve <= allowance
 
 with the reserve dropped only in FINALIZING. Only evidence settles or releases a reservation.
+Usage a final settlement finds beyond its reservation is booked in full (``actual`` is the
+truth) and also added to ``overrun``, so the breach is on the ledger, never hidden.
 Methods change the ledger in place, never an account: a ledger's copy shares the accounts, and
 a write replaces the account it changes. Design: docs/adr/0101-ledger-bounded-liability.md.
 """
@@ -14,6 +16,7 @@ a write replaces the account it changes. Design: docs/adr/0101-ledger-bounded-li
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +65,7 @@ class Ledger(BaseModel):
     tokens: CountAccount
     dollars: MoneyAccount
     reservations: dict[str, Amounts] = Field(default_factory=dict)
+    overrun: Amounts = NOTHING  # usage settled beyond its reservation, summed
 
     @classmethod
     def open(cls, budget: Budget) -> Ledger:
@@ -117,6 +121,16 @@ class Ledger(BaseModel):
     def fits(self, liability: Amounts, *, finalizing: bool = False) -> bool:
         """True when bounded-liability admission would admit this liability."""
         return self.first_misfit(liability, finalizing=finalizing) is None
+
+    def breached(self) -> Dimension | None:
+        """The first dimension whose headroom an overrun took (settled plus reserved past the
+        allowance less the reserve): no call can be admitted in it any more."""
+        accounts = self.__dict__
+        for dim in DIMENSIONS:
+            a = accounts[dim]
+            if a.actual + a.reserved + a.reserve > a.allowance:
+                return dim
+        return None
 
     def used_fraction(self, dim: Dimension) -> float:
         """Settled plus reserved over the allowance (seed 004 10.9.4 counts reservations)."""
@@ -181,9 +195,11 @@ class Ledger(BaseModel):
         self.book(op_id, usage, final=final)
         return _clamped_minus(held, usage) if final else NOTHING
 
-    def book(self, op_id: str, usage: Amounts, *, final: bool = True) -> None:
+    def book(self, op_id: str, usage: Amounts, *, final: bool = True) -> Amounts:
         """:meth:`settle` without working out what went back to headroom (the kernel's path:
-        it never reads that figure, and building it costs as much as the settlement)."""
+        it never reads that figure, and building it costs as much as the settlement). Returns
+        the overrun: what a final settlement's usage took beyond the reservation (usually
+        :data:`NOTHING`)."""
         held = self.reservations.get(op_id)
         if held is None:
             raise UnknownReference(f"no reservation for operation {op_id}")
@@ -194,6 +210,7 @@ class Ledger(BaseModel):
             remaining = _clamped_minus(held, usage)
             consumed = _clamped_minus(held, remaining)
         accounts, used, freed = self.__dict__, usage.__dict__, consumed.__dict__
+        over: dict[str, Any] | None = None
         for name in DIMENSION_NAMES:
             spent, released = used[name], freed[name]
             if not (spent or released) and name != Dimension.DOLLARS:
@@ -202,10 +219,18 @@ class Ledger(BaseModel):
             figures = account.__dict__
             figures["actual"] += spent
             figures["reserved"] -= released
+            if final and spent > released:  # usage beyond what was reserved for it
+                over = over if over is not None else {}
+                over[name] = spent - released
         if remaining is None:
             del self.reservations[op_id]
         else:
             self.reservations[op_id] = remaining
+        if over is None:
+            return NOTHING
+        extra = Amounts.of(**over)
+        self.__dict__["overrun"] = self.overrun.plus(extra)
+        return extra
 
 
 def _clamped_minus(a: Amounts, b: Amounts) -> Amounts:

@@ -25,7 +25,8 @@ from kernel.ledger import Ledger
 from kernel.modeljson import json_native, model_json
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the ledger's overrun
+READABLE_SCHEMAS = frozenset({1, SCHEMA_VERSION})  # a version-1 record reads as a 2 without it
 
 JsonScalar = str | int | float | bool | None
 
@@ -328,13 +329,15 @@ class TrajectoryRecord(Mutable):
             return record
         raw = json.loads(data)
         version = raw.get("schema_version") if isinstance(raw, dict) else None
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_SCHEMAS:
             tid = raw.get("trajectory_id", "?") if isinstance(raw, dict) else "?"
             raise UnsupportedSchema(
                 f"trajectory {tid}: schema version {version!r} is not supported "
-                f"(this build reads version {SCHEMA_VERSION})"
+                f"(this build reads versions {sorted(READABLE_SCHEMAS)})"
             )
-        return cls.model_validate(raw)
+        upgraded = cls.model_validate(raw)
+        upgraded.schema_version = SCHEMA_VERSION  # written back as this build writes it
+        return upgraded
 
     # --- derived views -------------------------------------------------------------------
 

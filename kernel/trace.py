@@ -101,6 +101,7 @@ def spans_from_chain(rows: list[ChainRow], model: str = "") -> list[Span]:
                 "gen_ai.usage.input_tokens": r.tokens_in,
                 "gen_ai.usage.output_tokens": r.tokens_out,
                 "reins.call_id": r.call_id,
+                **_overrun(r.detail),
             }
             name = f"chat {model}".strip()
         else:
@@ -130,6 +131,12 @@ def spans_from_chain(rows: list[ChainRow], model: str = "") -> list[Span]:
             )
         )
     return spans
+
+
+def _overrun(detail: dict[str, Any] | None) -> dict[str, Any]:
+    """A model call's usage past its reservation, as span attributes: shown, never hidden."""
+    over = (detail or {}).get("overrun") or {}
+    return {f"reins.overrun.{k}": v for k, v in over.items() if v not in (0, "0")}
 
 
 def postmortem(rows: list[ChainRow]) -> dict[str, Any]:

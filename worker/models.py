@@ -8,6 +8,7 @@ Providers that speak to a real API (``worker.providers``) implement the same pro
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -100,12 +101,19 @@ class ScriptedModel:
     ``(reply, latency_s)``; usage is estimated as the seeds do: the view's tokens in, the
     serialised reply's tokens out. A reply longer than the output cap comes back TRUNCATED,
     and a latency beyond the timeout comes back as a timed-out transport failure without usage.
+    ``usage_factor`` makes it misreport as a real provider may: each reported count is the
+    estimate times the factor, rounded up (output never past the cap).
     """
 
     def __init__(
-        self, policy: PolicyFn, latency_s: float = 1.5, estimator: Estimator = estimate_tokens
+        self,
+        policy: PolicyFn,
+        latency_s: float = 1.5,
+        estimator: Estimator = estimate_tokens,
+        usage_factor: float = 1.0,
     ) -> None:
         self.policy, self.latency_s, self.estimator = policy, latency_s, estimator
+        self.usage_factor = usage_factor
         self.calls = 0
 
     def call(
@@ -141,6 +149,9 @@ class ScriptedModel:
             content = json.loads(raw) if isinstance(reply, str) else reply
         except json.JSONDecodeError:
             content = None  # the kernel turns a non-proposal into a recoverable observation
+        if self.usage_factor != 1.0:
+            tokens_in = math.ceil(tokens_in * self.usage_factor)
+            tokens_out = min(math.ceil(tokens_out * self.usage_factor), max_output_tokens)
         return _completed(content, raw, tokens_in, tokens_out, latency)
 
 

@@ -99,7 +99,15 @@ PRICE = ModelPrice(
 )
 
 
-SCRIPTED = ModelRef(provider="scripted", name="refund-policy", price=PRICE)
+# A scripted model reads exactly the rendered view and reports its estimate: nothing unseen.
+SCRIPTED = ModelRef(
+    provider="scripted",
+    name="refund-policy",
+    price=PRICE,
+    input_margin=0.0,
+    framing_tokens=0,
+    sends_tool_schemas=False,
+)
 LOCAL_SERVER = ModelRef(
     provider="openai-compatible",
     name="refund-policy",

@@ -1,13 +1,13 @@
 """Mixed versions during a rolling deploy: an older and a newer record schema side by side.
 
 The newer build is simulated by :class:`NextBuildStore`: the same records, stored under schema
-version 2, which it reads along with version 1 (a build that migrates on write). The router is
+version 3, which it reads along with version 2 (a build that migrates on write). The router is
 of the newer build (routers deploy first); of the two workers, ``w1`` is of the older build
-(this code as it is: it reads version 1 only) and ``w2`` of the newer. Half the jobs are
-submitted before the router switched builds (version 1 records), half after (version 2).
+(this code as it is: it writes version 2) and ``w2`` of the newer. Half the jobs are submitted
+before the router switched builds (version 2 records), half after (version 3).
 
-``w1`` refuses every version-2 record it is sent without changing a byte of it and hands the
-turn back; the router sends the turn on to ``w2``, never back to ``w1``; version-1 records keep
+``w1`` refuses every version-3 record it is sent without changing a byte of it and hands the
+turn back; the router sends the turn on to ``w2``, never back to ``w1``; version-2 records keep
 running on ``w1``; every trajectory ends ``done`` with one refund and one email.
 """
 
@@ -30,22 +30,22 @@ from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from worker.turn import TurnRunner
 
 pytestmark = pytest.mark.redis
-V1, V2 = b'{"schema_version":1,', b'{"schema_version":2,'
+CURRENT, NEXT = b'{"schema_version":2,', b'{"schema_version":3,'
 
 
 class NextBuildStore(RedisStore):
-    """The store as the next build sees it: writes schema version 2, reads versions 1 and 2."""
+    """The store as the next build sees it: writes schema version 3, reads versions 2 and 3."""
 
     def apply(self, commit: Commit) -> int:
-        assert commit.snapshot.startswith(V1)
+        assert commit.snapshot.startswith(CURRENT)
         kept = ("tenant", "trajectory_id", "expected_version", "version", "state", "rows")
         fields = {name: getattr(commit, name) for name in (*kept, "first_row", "commit_id")}
-        return super().apply(Commit(**fields, snapshot=V2 + commit.snapshot[len(V1) :]))
+        return super().apply(Commit(**fields, snapshot=NEXT + commit.snapshot[len(CURRENT) :]))
 
     def load(self, tenant: str, trajectory_id: str) -> TrajectoryRecord:
         version, data = self.raw(tenant, trajectory_id)
-        if data.startswith(V2):
-            data = V1 + data[len(V2) :]
+        if data.startswith(NEXT):
+            data = CURRENT + data[len(NEXT) :]
         return decode_snapshot(tenant, trajectory_id, version, data)
 
     def raw(self, tenant: str, trajectory_id: str) -> tuple[int, bytes]:
@@ -69,11 +69,11 @@ def test_an_older_worker_hands_back_a_newer_record_unchanged_and_it_finishes_els
     service.store = service.dispatcher.store = newer  # the router is redeployed first
     api = service.api()
     new_ids = [api.submit("acme", refund_job(oid)).trajectory_id for oid in orders[8:]]
-    assert all(newer.raw("acme", t)[1].startswith(V1) for t in old_ids)
-    assert all(newer.raw("acme", t)[1].startswith(V2) for t in new_ids)
+    assert all(newer.raw("acme", t)[1].startswith(CURRENT) for t in old_ids)
+    assert all(newer.raw("acme", t)[1].startswith(NEXT) for t in new_ids)
 
     runners = {
-        "w1": inproc.runner,  # the older build: the store as it is, version 1 only
+        "w1": inproc.runner,  # the older build: the store as it is, version 2
         "w2": TurnRunner(store=newer, tools=inproc.runner.tools, feed=inproc.feed, worker="w2"),
     }
     handed_back: Counter[str] = Counter()
@@ -88,16 +88,16 @@ def test_an_older_worker_hands_back_a_newer_record_unchanged_and_it_finishes_els
             before = newer.raw(msg.tenant, msg.trajectory_id)
             report = runners[member].run(msg)
             if report.reason.startswith("handed back"):
-                assert member == "w1" and before[1].startswith(V2)
+                assert member == "w1" and before[1].startswith(NEXT)
                 assert newer.raw(msg.tenant, msg.trajectory_id) == before, "not a byte changed"
                 assert report.advanced == 0
                 handed_back[msg.trajectory_id] += 1
             elif member == "w1":
-                assert before[1].startswith(V1), "w1 only ever carries out version-1 records"
+                assert before[1].startswith(CURRENT), "w1 only ever carries out version-2 records"
     else:
         raise AssertionError("the fleet did not go quiet")
 
-    assert handed_back, "some version-2 turn was placed on the older worker"
+    assert handed_back, "some version-3 turn was placed on the older worker"
     assert set(handed_back) <= set(new_ids) | set(old_ids)
     records = [newer.load("acme", t) for t in old_ids + new_ids]
     assert [r.stop_reason for r in records] == [StopReason.DONE] * 16

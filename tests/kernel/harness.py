@@ -52,9 +52,11 @@ def go(
     backend: SupportStoreBackend | None = None,
     on_unknown: OnUnknown = OnUnknown.STOP,
     goal: str = GOAL,
+    usage_factor: float = 1.0,
 ) -> Run:
     budget = budget or Budget()
     agent = make_agent(on_unknown=on_unknown, budget=budget)
     backend = backend or SupportStoreBackend()
-    runner = EmbeddedRunner(KernelContext(agent.profile), ScriptedModel(policy), backend)
+    model = ScriptedModel(policy, usage_factor=usage_factor)
+    runner = EmbeddedRunner(KernelContext(agent.profile), model, backend)
     return Run(runner.run(new_record(budget, goal)), backend, runner)

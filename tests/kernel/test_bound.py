@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from decimal import Decimal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel.amounts import Dimension
+from kernel.amounts import Amounts, Dimension
+from kernel.chain import RowKind
 from kernel.states import TERMINAL, LifecycleState, StopReason
 from tests.kernel.harness import Run, go
 from tests.kernel.random_models import random_backend, random_budget, random_policy, random_rule
@@ -67,3 +69,62 @@ def test_two_thousand_random_models_never_pass_a_bound() -> None:
 @given(st.integers(min_value=2000, max_value=2**32))
 def test_random_models_never_pass_a_bound_hypothesis(seed: int) -> None:
     check_bounds(one_run(seed))
+
+
+# --- a provider that misreports its usage -----------------------------------------------------
+
+
+def model_overruns(r: Run) -> list[dict[str, int | Decimal]]:
+    """Each model call's usage past its reservation, as the kernel wrote it in the chain."""
+    out = []
+    for row in r.out.rows:
+        if row.kind is RowKind.MODEL:
+            over = (row.detail or {}).get("overrun") or {}
+            out.append({k: Decimal(str(v)) if k == "dollars" else int(v) for k, v in over.items()})
+    return out
+
+
+def check_drifting_bounds(r: Run) -> dict[str, Decimal]:
+    """No account ends past its allowance by more than one call's overrun, and a run that
+    went past it was stopped at that call; returns the worst excess per dimension."""
+    rec = r.rec
+    overruns = model_overruns(r)
+    worst: dict[str, Decimal] = {}
+    for dim in Dimension:
+        acct = rec.ledger.account(dim)
+        excess = Decimal(acct.actual + acct.reserved - acct.allowance)
+        largest = max((Decimal(o.get(dim.value, 0)) for o in overruns), default=Decimal(0))
+        assert excess <= largest, (dim, acct, largest)
+        worst[dim.value] = max(excess, Decimal(0))
+        if acct.actual + acct.reserved + acct.reserve > acct.allowance:  # headroom taken
+            assert rec.state in TERMINAL, (dim, rec.state)
+            assert overruns and overruns[-1].get(dim.value), "stopped at the call that took it"
+    total = {k: sum((Decimal(o.get(k, 0)) for o in overruns), Decimal(0)) for k in worst}
+    ledger = rec.ledger.overrun
+    assert {k: Decimal(ledger.get(Dimension(k))) for k in worst} == total, "on the ledger"
+    return worst
+
+
+def test_ten_thousand_runs_with_a_drifting_provider_overrun_by_one_call_at_most() -> None:
+    worst: dict[str, Decimal] = {d.value: Decimal(0) for d in Dimension}
+    overran = 0
+    for seed in range(10_000):
+        rng = random.Random(seed)
+        factor = rng.choice([0.5, 1.0, 1.7])
+        budget = random_budget(rng)
+        r = go(
+            random_policy(rng),
+            budget,
+            backend=random_backend(rng),
+            on_unknown=random_rule(rng),
+            usage_factor=factor,
+        )
+        assert r.rec.state in TERMINAL or r.rec.state in SUSPENDED
+        for dim, excess in check_drifting_bounds(r).items():
+            worst[dim] = max(worst[dim], excess)
+        overran += r.rec.ledger.overrun != Amounts()
+    print(
+        f"\n{overran} of 10000 runs overran a reservation; worst excess past an allowance: "
+        f"{ {k: str(v) for k, v in worst.items()} }"
+    )
+    assert overran > 100, "the drifting provider was seen to overrun"

@@ -11,6 +11,7 @@ from kernel.amounts import Amounts, ModelPrice, Usage, model_call_charge
 from kernel.budget import Budget
 from kernel.errors import InvalidBudget, UnsupportedSchema
 from kernel.record import (
+    SCHEMA_VERSION,
     HeldProposal,
     Operation,
     OpKind,
@@ -77,14 +78,23 @@ def test_json_round_trip_is_exact() -> None:
     assert back == rec
     assert back.to_json() == data
     assert isinstance(back.ledger.dollars.actual, Decimal)
-    assert json.loads(data)["schema_version"] == 1
+    assert json.loads(data)["schema_version"] == SCHEMA_VERSION == 2
 
 
 def test_unknown_schema_version_is_refused() -> None:
     raw = json.loads(busy_record().to_json())
-    raw["schema_version"] = 2
-    with pytest.raises(UnsupportedSchema, match=r"t1.*schema version 2"):
+    raw["schema_version"] = 3
+    with pytest.raises(UnsupportedSchema, match=r"t1.*schema version 3"):
         TrajectoryRecord.from_json(json.dumps(raw))
+
+
+def test_a_version_1_record_reads_as_version_2_with_no_overrun() -> None:
+    raw = json.loads(busy_record().to_json())
+    raw["schema_version"] = 1
+    del raw["ledger"]["overrun"]  # version 1 had none
+    back = TrajectoryRecord.from_json(json.dumps(raw))
+    assert back.schema_version == 2 and back.ledger.overrun == Amounts()
+    assert json.loads(back.to_json())["ledger"]["overrun"]["tokens"] == 0
 
 
 @pytest.mark.parametrize(
