@@ -15,9 +15,10 @@ from kernel.errors import AdmissionRefused
 from kernel.events import DispatchTool
 from kernel.fastmodel import construct
 from kernel.lifecycle import Cause, transition
+from kernel.progress import digest
 from kernel.record import Operation, OpKind, TrajectoryRecord
 from kernel.states import LifecycleState
-from kernel.tools import ToolSpec
+from kernel.tools import ToolKind, ToolSpec
 
 S = LifecycleState
 
@@ -25,13 +26,29 @@ S = LifecycleState
 Call = tuple[ToolSpec, dict[str, Any], str | None]
 
 
-def call_key(draft: Draft, plan_step: str | None, index: int) -> str:
-    """One key per logical step: a repeated plan step is the same effect, not a new one."""
+def call_key(
+    draft: Draft, spec: ToolSpec, args: dict[str, Any], plan_step: str | None, index: int
+) -> str:
+    """The idempotency key of a call. A write's derives from what it does (the trajectory, the
+    plan step when there is one, the tool and its canonical arguments), so the same write
+    proposed twice is one effect under one key; a read's names its plan step or its turn, since
+    reading again is a new read."""
     rec = draft.rec
+    if spec.kind is ToolKind.WRITE:
+        step = f"{plan_step}:" if plan_step is not None else ""
+        return f"{rec.trajectory_id}:{step}{spec.name}:{digest([spec.name, args])}"
     if plan_step is not None:
         return f"{rec.trajectory_id}:{plan_step}"
     suffix = f".{index}" if index else ""
     return f"{rec.trajectory_id}:adhoc{rec.turn}{suffix}"
+
+
+def same_effect(rec: TrajectoryRecord, key: str) -> Operation | None:
+    """The tool operation of this trajectory already registered under ``key``, if any."""
+    for op in rec.operations.values():
+        if op.idempotency_key == key and op.kind is OpKind.TOOL:
+            return op
+    return None
 
 
 def refusal(approval_id: str, reason: str) -> dict[str, Any]:
@@ -101,7 +118,7 @@ def _operations(draft: Draft, calls: list[Call], keys: list[str] | None) -> list
                 call_id=call_id,
                 kind=OpKind.TOOL,
                 attempts=[f"{call_id}/a1"],
-                idempotency_key=keys[j] if keys else call_key(draft, plan_step, j),
+                idempotency_key=keys[j] if keys else call_key(draft, spec, args, plan_step, j),
                 epoch=rec.control_epoch,
                 reservation=tool_call_liability(spec.liability or ZERO),
                 tool=spec.name,

@@ -13,7 +13,7 @@ from kernel import shapes
 from kernel.amounts import NOTHING, Amounts, model_call_charge
 from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
-from kernel.dispatch import Call, call_key, dispatch, refusal
+from kernel.dispatch import Call, call_key, dispatch, refusal, same_effect
 from kernel.errors import IllegalTransition, UnknownReference
 from kernel.events import HoldForApproval, ModelReplied, ReplyStatus
 from kernel.lifecycle import Cause
@@ -21,7 +21,7 @@ from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import digest, fingerprint
 from kernel.record import HeldProposal, Operation, OpKind, OpStatus, TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
-from kernel.tools import ToolSpec
+from kernel.tools import ToolKind, ToolSpec
 
 S = LifecycleState
 
@@ -204,6 +204,8 @@ def _on_tools(draft: Draft, calls: list[Any]) -> None:
         if denial is not None:
             draft.stop(StopReason.FAILED, denial)
             return
+        if spec.kind is ToolKind.WRITE and _answered_once(draft, spec, clean, plan_step):
+            continue
         if spec.needs_approval(clean):
             _hold(draft, spec, clean, plan_step)
             return
@@ -212,6 +214,35 @@ def _on_tools(draft: Draft, calls: list[Any]) -> None:
         draft.end_turn(Cause.REPLY_OBSERVE)
         return
     dispatch(draft, admitted, Cause.REPLY_TOOLS)
+
+
+def _answered_once(
+    draft: Draft, spec: ToolSpec, args: dict[str, Any], plan_step: str | None
+) -> bool:
+    """A write this trajectory already made under the same key is one effect: the model gets
+    its stored result (or, while it is in flight, a refusal to send it twice); True if so."""
+    key = call_key(draft, spec, args, plan_step, 0)
+    earlier = same_effect(draft.rec, key)
+    if earlier is None:
+        return False
+    evidence = earlier.evidence
+    if earlier.status is OpStatus.SETTLED and evidence is not None:
+        stored = {k: v for k, v in evidence.items() if k != "attempt"}
+        draft.row(
+            RowKind.TOOL,
+            call_id=earlier.call_id,
+            tool=spec.name,
+            args=args,
+            outcome="replayed",
+            detail={"key": key},
+        )
+        draft.observe({**stored, "replayed": True, "call_id": earlier.call_id})
+    else:
+        draft.recoverable(
+            "duplicate_in_flight",
+            {"status": "error", "code": "duplicate_in_flight", "call_id": earlier.call_id},
+        )
+    return True
 
 
 def _known_call(draft: Draft, name: Any, args: Any) -> tuple[ToolSpec, dict[str, Any]] | None:
@@ -252,7 +283,7 @@ def _hold(draft: Draft, spec: ToolSpec, args: dict[str, Any], plan_step: str | N
         return
     rec.approval_requests += 1
     approval_id = f"{rec.trajectory_id}/ap{rec.approval_requests}"
-    key = call_key(draft, plan_step, 0)
+    key = call_key(draft, spec, args, plan_step, 0)
     proposal = {
         "operation": spec.name,
         "arguments": args,

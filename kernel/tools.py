@@ -62,6 +62,15 @@ class ToolSpec:
     )
     not_done_text: str = ""  # phrase when it did not ("the confirmation email was not sent")
 
+    def __post_init__(self) -> None:
+        resends = self.kind is ToolKind.WRITE and self.on_unknown is OnUnknown.RESEND
+        if resends and not self.deduplicates:
+            raise ValueError(
+                f"tool {self.name}: a write re-sent on an unknown outcome must declare "
+                "deduplicates=True (its backend replays a repeated key); otherwise resolve "
+                "it by on_unknown=lookup or stop"
+            )
+
     def validate_args(self, args: Any) -> tuple[dict[str, Any] | None, str | None]:
         """Return (normalised arguments, None) or (None, a precise reason)."""
         if not isinstance(args, dict):

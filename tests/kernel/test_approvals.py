@@ -91,8 +91,9 @@ def test_valid_approval_consumes_the_request_and_dispatches_under_its_key() -> N
     assert d.rec.state is S.WAITING_TOOL
     (dispatch,) = d.commands(DispatchTool)
     assert dispatch.approval_digest == hold.digest
-    assert dispatch.args == hold.args and dispatch.idempotency_key == "t1:s2"
     assert d.rec.held is not None and d.rec.held.status is ApprovalStatus.APPROVED
+    assert dispatch.args == hold.args and dispatch.idempotency_key == d.rec.held.call_key
+    assert dispatch.idempotency_key.startswith("t1:s2:issue_refund:"), "its step, tool, args"
 
 
 def test_deadline_or_termination_withdraws_the_held_request() -> None:

@@ -117,13 +117,18 @@ def test_second_plan_refused_unless_replan_budget_allows() -> None:
     assert again.rec.control_epoch == 1, "a plan revision advances the control epoch"
 
 
-def test_write_call_key_comes_from_trajectory_and_plan_step() -> None:
+def test_a_write_key_comes_from_trajectory_plan_step_tool_and_arguments() -> None:
     from examples.support_store.policies import RefundPolicy
 
     r = go(RefundPolicy())
     keys = {op.tool: op.idempotency_key for op in r.rec.operations.values() if op.tool}
-    assert keys["issue_refund"] == "t1:s2"
-    assert keys["send_status_email"] == "t1:s3"
+    assert keys["issue_refund"].startswith("t1:s2:issue_refund:")
+    assert keys["send_status_email"].startswith("t1:s3:send_status_email:")
+    other = go(RefundPolicy(amount=2000))  # the same steps, another amount: another effect
+    refund = [
+        op.idempotency_key for op in other.rec.operations.values() if op.tool == "issue_refund"
+    ]
+    assert refund != [keys["issue_refund"]] and refund[0].startswith("t1:s2:issue_refund:")
 
 
 def test_a_large_result_becomes_a_handle_and_a_summary() -> None:
