@@ -211,7 +211,10 @@ class Draft:
         self.move(S.READY, cause)
         rec.wait_deadline = None
         rec.stalls = 0 if signature(rec) != rec.turn_signature else rec.stalls + 1
-        if rec.stalls >= rec.budget.max_stalls:
+        pc = rec.pending_control
+        if pc is not None and pc.kind is not ControlKind.PAUSE:
+            self.carry_out_pending_control()  # an operator's stop outranks the run's own
+        elif rec.stalls >= rec.budget.max_stalls:
             self.stop(StopReason.NO_PROGRESS)
         elif rec.error_streak.count >= rec.budget.max_same_error:
             self.stop(StopReason.FAILED, f"{rec.error_streak.kind} {rec.error_streak.count} times")
@@ -228,15 +231,17 @@ class Draft:
         elif rec.state is not S.FINALIZING:
             raise IllegalTransition(rec.state.value, S.FINALIZING.value, "stop", "already ended")
         rec.stop_reason = rec.stop_reason or reason
-        for op in rec.operations.values():
-            if op.open and op.settlement_owner is SettlementOwner.KERNEL:
-                # Settlement rule: the reservation stays; a named owner takes the obligation.
-                op.settlement_owner = SettlementOwner.RECONCILER
-                op.status = OpStatus.HANDED_OFF if op.status is OpStatus.REGISTERED else op.status
+        target = terminal_state_for(rec.stop_reason)
+        if target is not S.COMPLETED:  # completion owes nothing: its guard transfers nothing
+            for op in rec.operations.values():
+                if op.open and op.settlement_owner is SettlementOwner.KERNEL:
+                    # Settlement rule: the reservation stays; a named owner takes the obligation.
+                    op.settlement_owner = SettlementOwner.RECONCILER
+                    if op.status is OpStatus.REGISTERED:
+                        op.status = OpStatus.HANDED_OFF
         message = closing_message(rec, self.ctx.agent.catalog, rec.stop_reason)
         rec.closing_message = message
         self.row(RowKind.STOP, outcome=rec.stop_reason.value, error=detail)
-        target = terminal_state_for(rec.stop_reason)
         self.move(target, Cause.FINISH)
         self.commands.append(construct(Finish, state=target, stop=rec.stop_reason, message=message))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kernel import waits
-from kernel.amounts import ZERO, tool_call_liability
+from kernel.amounts import ZERO, Dimension, tool_call_liability
 from kernel.chain import RowKind
 from kernel.context import Draft
 from kernel.dispatch import dispatch, refusal
@@ -26,6 +26,8 @@ from kernel.record import (
     OpKind,
     OpStatus,
     PendingControl,
+    StepStatus,
+    TrajectoryRecord,
 )
 from kernel.states import LIVE, LifecycleState, StopReason
 from kernel.tools import ToolSpec
@@ -36,20 +38,22 @@ ADMISSION_STOPPED = frozenset({S.PAUSED, S.FINALIZING, S.COMPLETED, S.FAILED, S.
 
 
 def _withdraw(draft: Draft) -> None:
-    """Withdraw every outstanding claim on results: eligibility off, epoch forward."""
+    """Withdraw every outstanding claim on results: eligibility off, epoch forward; a held
+    proposal is withdrawn too (its approval would need fresh authorization)."""
     rec = draft.rec
     any_open = False
     for op in rec.operations.values():
-        if op.eligible:
-            op.eligible = False
+        if op.open:
             any_open = True
-            if op.open:
+            if op.eligible:
+                op.eligible = False
                 draft.commands.append(CancelCall(call_id=op.call_id))
     if any_open:
         rec.control_epoch += 1
-    if rec.held is not None and rec.held.status is ApprovalStatus.HELD:
-        rec.held.status = ApprovalStatus.WITHDRAWN
-        rec.held.decided_at = draft.now
+    held = rec.held
+    if held is not None and held.status is ApprovalStatus.HELD:
+        held.status = ApprovalStatus.WITHDRAWN
+        held.decided_at = draft.now
 
 
 def _step_down(draft: Draft) -> None:
@@ -102,41 +106,110 @@ def _apply_control(draft: Draft, ev: ControlRequested) -> None:
 
 
 def _pause(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
+    """Suspend: claims on results withdrawn, a held proposal with them (seed 004 section
+    10.5: a pause invalidates pending approval requests); then PAUSED, from READY only."""
     draft.rec.pending_control = pending
     _step_down(draft)
     draft.move(S.PAUSED, Cause.PAUSE)
 
 
 def _resume(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
+    """Re-check before anything is admitted again, restoring nothing the pause withdrew: the
+    clocks and the budget (past them, the run ends by its stop), then the proposal the pause
+    withdrew from approval, refused to the model with its reason (expired, if its time to
+    live ran out meanwhile; withdrawn otherwise): acting on it needs a fresh proposal and a
+    fresh approval."""
     rec = draft.rec
     if rec.state is not S.PAUSED:
         raise IllegalTransition(rec.state.value, S.READY.value, ev.request_id, "not paused")
+    paused_at = rec.pending_control.at if rec.pending_control is not None else draft.now
     rec.pending_control = None
+    why = clock_refusal(rec, draft.now)
+    if why is not None:
+        wall = draft.now - rec.submitted_at >= rec.budget.wall_clock_s
+        draft.stop(StopReason.WALL_CLOCK if wall else StopReason.DEADLINE, f"resume: {why}")
+        return
+    misfit = _next_call_misfit(rec)
+    if misfit is not None:
+        draft.stop(misfit, "resume: the budget has no room for another call")
+        return
     draft.move(S.READY, Cause.RESUME)
+    held = rec.held
+    withdrawn = held is not None and held.status is ApprovalStatus.WITHDRAWN
+    if withdrawn and held is not None and (held.decided_at or 0.0) >= paused_at:
+        reason = "APPROVAL_EXPIRED" if draft.now >= held.expires_at else "APPROVAL_WITHDRAWN"
+        draft.row(
+            RowKind.APPROVAL,
+            tool=held.tool,
+            outcome=reason.lower(),
+            detail={"approval_id": held.approval_id, "by": ev.requested_by},
+        )
+        draft.observe(refusal(held.approval_id, reason))
     draft.commands.append(Enqueue())
 
 
+def _next_call_misfit(rec: TrajectoryRecord) -> StopReason | None:
+    """The stop for a budget in which not even the smallest call fits any more, or None."""
+    led = rec.ledger
+    if led.headroom(Dimension.STEPS) < 1:
+        return StopReason.MAX_STEPS
+    if rec.active_s >= rec.budget.deadline_s:
+        return StopReason.DEADLINE
+    return None
+
+
 def _cancel(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
-    """Cancel or kill: withdraw under the pending control, then stop; a kill also cancels every call
-    still
-    open, eligible or not."""
+    """Cancel: nothing new is admitted and the calls in flight are asked to stop, then waited
+    for. A tool wait keeps its claim until every result is in or its deadline passes; a
+    model call's reply may settle but never act. The turn's end carries the cancel out,
+    handing whatever is still open to the reconciler; between turns it is carried out now."""
+    rec = draft.rec
+    rec.pending_control = pending
+    if rec.state is S.WAITING_TOOL:
+        for op in waits.open_batch(draft):
+            draft.commands.append(CancelCall(call_id=op.call_id))
+        draft.note = "cancel: waiting for the calls in flight (up to the wait's deadline)"
+        return
+    if rec.state is S.CALLING_MODEL:
+        _withdraw(draft)
+        draft.note = "cancel: waiting for the model call to answer"
+        return
+    _withdraw(draft)
+    rec.pending_control = None
+    draft.stop(StopReason.CANCELED)
+
+
+def _kill(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
+    """Kill: every call still in flight is abandoned at once (asked to stop, its outcome
+    recorded unknown, its reservation kept for the reconciler) and the run ends now."""
     rec = draft.rec
     rec.pending_control = pending
     _withdraw(draft)
-    if ev.kind is ControlKind.KILL:
-        for op in rec.operations.values():
-            if op.open and op.call_id not in {
-                c.call_id for c in draft.commands if isinstance(c, CancelCall)
-            }:
+    asked = {c.call_id for c in draft.commands if isinstance(c, CancelCall)}
+    for op in rec.operations.values():
+        if op.open:
+            if op.call_id not in asked:
                 draft.commands.append(CancelCall(call_id=op.call_id))
+            op.status = OpStatus.UNKNOWN  # it may yet take effect: never assumed either way
     rec.pending_control = None
-    draft.stop(StopReason.CANCELED if ev.kind is ControlKind.CANCEL else StopReason.KILLED)
+    draft.stop(StopReason.KILLED)
 
 
 def _interrupt(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
+    """New instructions: claims withdrawn, the plan's pending steps superseded (the model
+    plans anew against the instructions; a plan it proposes is validated as any plan)."""
     rec = draft.rec
     _step_down(draft)
-    rec.last_observation = {"status": "interrupt", "instructions": ev.instructions or ""}
+    superseded = [s.id for s in rec.plan if s.status is StepStatus.PENDING]
+    if superseded:
+        for step in draft.own_plan():
+            if step.status is StepStatus.PENDING:
+                step.status = StepStatus.SUPERSEDED
+    rec.last_observation = {
+        "status": "interrupt",
+        "instructions": ev.instructions or "",
+        "superseded": superseded,
+    }
     if rec.state is S.READY:
         draft.commands.append(Enqueue())
 
@@ -146,7 +219,7 @@ _CONTROLS: dict[ControlKind, Callable[[Draft, ControlRequested, PendingControl],
     ControlKind.PAUSE: _pause,
     ControlKind.RESUME: _resume,
     ControlKind.CANCEL: _cancel,
-    ControlKind.KILL: _cancel,
+    ControlKind.KILL: _kill,
     ControlKind.INTERRUPT: _interrupt,
 }
 
@@ -257,6 +330,7 @@ def _approve(draft: Draft, held: HeldProposal, ev: ApprovalDecided) -> None:
 
 
 def _expire(draft: Draft) -> None:
+    """The held proposal's time to live passed: refused with that reason; the turn ends."""
     rec = draft.rec
     held = rec.held
     assert held is not None

@@ -19,7 +19,14 @@ from kernel.events import HoldForApproval, ModelReplied, ReplyStatus
 from kernel.lifecycle import Cause
 from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import digest, fingerprint
-from kernel.record import HeldProposal, Operation, OpKind, OpStatus, TrajectoryRecord
+from kernel.record import (
+    HeldProposal,
+    Operation,
+    OpKind,
+    OpStatus,
+    StepStatus,
+    TrajectoryRecord,
+)
 from kernel.states import LifecycleState, StopReason
 from kernel.tools import ToolKind, ToolSpec
 
@@ -41,14 +48,7 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
     evidence, over = _settle_reply(draft, op, ev)
     current = rec.state is S.CALLING_MODEL and op.eligible and op.epoch == rec.control_epoch
     if not current:
-        # The reply outlived its claim (pause, interrupt, cancel): settled, kept as diagnostics.
-        draft.quarantined = IllegalTransition(
-            rec.state.value, "WAITING_TOOL", ev.call_id, "reply is no longer eligible"
-        )
-        evidence["quarantined"] = True
-        if ev.raw is not None:
-            evidence["raw"] = ev.raw
-        op.eligible = False
+        _quarantine(draft, op, ev, evidence)
         return
     op.eligible = False
     if over is not NOTHING and _stopped_by_overrun(draft, over):
@@ -65,6 +65,23 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
         draft.end_turn(Cause.REPLY_OBSERVE)
         return
     _route_proposal(draft, ev.content)
+
+
+def _quarantine(draft: Draft, op: Operation, ev: ModelReplied, evidence: dict[str, Any]) -> None:
+    """A reply that outlived its claim (pause, interrupt, cancel): settled, kept as diagnostics,
+    never acted on. If a cancel was waiting for it, the turn ends and the cancel is carried out."""
+    rec = draft.rec
+    draft.quarantined = IllegalTransition(
+        rec.state.value, "WAITING_TOOL", ev.call_id, "reply is no longer eligible"
+    )
+    evidence["quarantined"] = True
+    if ev.raw is not None:
+        evidence["raw"] = ev.raw
+    op.eligible = False
+    waited = rec.state is S.CALLING_MODEL and rec.pending_control is not None
+    unanswered = (o for o in rec.operations.values() if o.kind is OpKind.MODEL and o.open)
+    if waited and all(o.evidence is not None for o in unanswered):
+        draft.end_turn(Cause.WITHDRAWN)
 
 
 def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[str, Any], Amounts]:
@@ -132,11 +149,7 @@ def _route_proposal(draft: Draft, content: Any) -> None:
 def _on_final(draft: Draft, content: dict[str, Any]) -> None:
     rec = draft.rec
     outcome = content.get("outcome")
-    pending = open_steps(rec.plan)
-    if outcome == "completed" and pending:
-        draft.recoverable(
-            "plan_incomplete", {"status": "error", "code": "plan_incomplete", "detail": pending}
-        )
+    if outcome == "completed" and _not_yet_complete(draft):
         draft.end_turn(Cause.REPLY_OBSERVE)
         return
     if outcome == "completed":
@@ -150,12 +163,57 @@ def _on_final(draft: Draft, content: dict[str, Any]) -> None:
         draft.stop(StopReason.FAILED, f"agent reported {outcome!r}")
 
 
+def _not_yet_complete(draft: Draft) -> bool:
+    """A completion claim while plan steps are pending or operations still owe a settlement
+    (a result not yet in, an unknown outcome): the model is told, and the run goes on; True
+    if so. Completion never hands an obligation off."""
+    rec = draft.rec
+    pending = open_steps(rec.plan)
+    if pending:
+        draft.recoverable(
+            "plan_incomplete", {"status": "error", "code": "plan_incomplete", "detail": pending}
+        )
+        return True
+    _write_off_unheard_model_calls(draft)
+    owed = [op.call_id for op in rec.operations.values() if op.open]
+    if owed:
+        draft.recoverable(
+            "obligations_open", {"status": "error", "code": "obligations_open", "detail": owed}
+        )
+        return True
+    return False
+
+
+def _write_off_unheard_model_calls(draft: Draft) -> None:
+    """A model call whose bill was never heard (its worker died, or the reply carried no
+    usage) is charged its whole reservation when the run claims completion: the worst case
+    it could have cost becomes its cost, so nothing is released without evidence, and a
+    completed run owes nothing. A reply that turns up later is then a duplicate."""
+    rec = draft.rec
+    for op in rec.operations.values():
+        if op.kind is not OpKind.MODEL or op.status is not OpStatus.UNKNOWN:
+            continue
+        attempt = op.attempts[-1]
+        held = rec.ledger.reservations.get(attempt)
+        if held is not None:
+            rec.ledger.book(attempt, held)
+        op.status = OpStatus.SETTLED
+        op.evidence = {**(op.evidence or {}), "booked": "reservation"}
+        draft.row(RowKind.MODEL, call_id=op.call_id, outcome="charged_reservation")
+
+
 def _on_plan(draft: Draft, steps: Any) -> None:
     rec = draft.rec
     budget = rec.budget
     replanning = bool(rec.plan)
     executing = shapes.executes_plans(draft)
-    if replanning and rec.plan_revision - 1 >= budget.max_replans:
+    # An operator's interrupt superseded the plan: the new one it asks for is not a replan.
+    asked = (
+        replanning
+        and not open_steps(rec.plan)
+        and any(s.status is StepStatus.SUPERSEDED for s in rec.plan)
+    )
+    if replanning and not asked and rec.plan_revision - 1 >= budget.max_replans:
         problems = ["a plan is already set"]
     else:
         problems = validate_plan(steps, draft.ctx.agent.catalog, budget.max_plan_steps)

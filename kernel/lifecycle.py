@@ -136,9 +136,11 @@ def _finish(target: S) -> Guard:
             return "no stop reason recorded"
         if terminal_state_for(rec.stop_reason) is not target:
             return f"stop {rec.stop_reason.value} does not end in {target.value}"
-        owed = [
-            op.op_id for op in rec.open_operations if op.settlement_owner is SettlementOwner.KERNEL
-        ]
+        if target is S.COMPLETED:  # completion owes nothing: no transfer counts
+            owed = [op.op_id for op in rec.operations.values() if op.open]
+        else:  # any other end may transfer what is open to the reconciler
+            kernel = SettlementOwner.KERNEL
+            owed = [op.op_id for op in rec.open_operations if op.settlement_owner is kernel]
         if owed:
             return "operations not settled or handed off: " + ", ".join(owed)
         return None

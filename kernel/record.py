@@ -38,6 +38,7 @@ class StepStatus(StrEnum):
     PENDING = "pending"
     DONE = "done"
     FAILED = "failed"
+    SUPERSEDED = "superseded"  # an operator's interrupt replaced it: the model plans anew
 
 
 @json_native

@@ -37,7 +37,8 @@ def after_result(draft: Draft) -> None:
         rec.wait_deadline = None
         draft.end_turn(Cause.WAIT_SATISFIED)
         return
-    if policy.kind is WaitKind.PARTIAL and arrived(draft) >= policy.min_results:
+    cancelling = rec.pending_control is not None  # a cancel waits for every result
+    if policy.kind is WaitKind.PARTIAL and not cancelling and arrived(draft) >= policy.min_results:
         _withdraw(draft, missing, "partial_results")
         rec.wait_deadline = None
         draft.end_turn(Cause.WAIT_SATISFIED)

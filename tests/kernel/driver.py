@@ -144,3 +144,11 @@ class Driver:
         self.reply(self.admit(), READ)
         (dispatch,) = self.commands(DispatchTool)
         return dispatch
+
+    def to_approval(self) -> HoldForApproval:
+        """Plan, read the order (15000 cents), then propose the big refund: returns its hold."""
+        self.to_reading()
+        self.result(self.commands(DispatchTool)[0], {"status": "ok", "total_cents": 15000})
+        self.reply(self.admit(), BIG_REFUND)
+        (hold,) = self.commands(HoldForApproval)
+        return hold

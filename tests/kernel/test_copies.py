@@ -42,7 +42,8 @@ class CheckedDriver(Driver):
 def test_a_late_result_for_a_handed_off_call_leaves_the_input_unchanged() -> None:
     d = CheckedDriver()
     dispatch = d.to_reading()
-    d.control(ControlKind.CANCEL)
+    d.control(ControlKind.INTERRUPT, instructions="never mind")  # the read goes on, unwatched
+    d.control(ControlKind.CANCEL, rid="c2")  # between turns: the read passes to the reconciler
     handed_off = d.rec.operations[dispatch.call_id]
     assert handed_off.status is OpStatus.HANDED_OFF and not handed_off.eligible
     d.result(dispatch, {"status": "ok", "total_cents": 4200})  # late evidence settles it

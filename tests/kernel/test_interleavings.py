@@ -1,8 +1,10 @@
 """Random interleavings of control requests, late and duplicate results, and replies.
 
-Whatever the order: nothing is dispatched twice, no result registered under an older epoch
-reaches the view, no reservation is released without evidence, and every trajectory can still
-reach a terminal state.
+Whatever the order: no write takes effect twice (the same tool and arguments are sent once,
+whatever turn proposes them), no result registered under an older epoch reaches the view, no
+reservation is released without evidence, no account ends above its allowance, and every
+trajectory can still reach a terminal state: at once by a kill, or by a cancel once every call
+in flight has answered.
 """
 
 from __future__ import annotations
@@ -17,13 +19,18 @@ from kernel.errors import IllegalTransition, UnknownReference
 from kernel.events import (
     Admit,
     CallModel,
+    ControlRequested,
     DispatchTool,
     HoldForApproval,
     ModelReplied,
     ReplyStatus,
+    ToolResulted,
 )
+from kernel.progress import digest
 from kernel.record import ControlKind, OpKind
 from kernel.states import TERMINAL
+from kernel.step import step
+from kernel.tools import ToolKind
 from tests.kernel.driver import BIG_REFUND, PLAN, READ, Driver
 
 REPLIES = [
@@ -70,7 +77,7 @@ def test_random_interleavings_keep_the_invariants(
     dispatches: list[DispatchTool] = []
     answered: list[tuple[DispatchTool, dict[str, Any]]] = []
     holds: list[HoldForApproval] = []
-    sent: set[tuple[str, str]] = set()
+    writes: set[str] = set()
     for i, (kind, n) in enumerate(actions):
         before = d.rec
         try:
@@ -118,9 +125,11 @@ def test_random_interleavings_keep_the_invariants(
             if isinstance(cmd, CallModel):
                 calls.append(cmd)
             elif isinstance(cmd, DispatchTool):
-                key = (cmd.call_id, cmd.attempt_id)
-                assert key not in sent, "dispatched twice"
-                sent.add(key)
+                spec = d.ctx.agent.catalog.get(cmd.tool)
+                if spec is not None and spec.kind is ToolKind.WRITE:
+                    effect = digest([cmd.tool, cmd.args])
+                    assert effect not in writes, f"{cmd.tool} {cmd.args} sent twice"
+                    writes.add(effect)
                 dispatches.append(cmd)
             elif isinstance(cmd, HoldForApproval):
                 holds.append(cmd)
@@ -147,5 +156,40 @@ def test_random_interleavings_keep_the_invariants(
             assert dim_acct.actual + dim_acct.reserved <= dim_acct.allowance
     # every trajectory can still reach a terminal state
     if d.rec.state not in TERMINAL:
-        d.control(ControlKind.CANCEL, rid="final-cancel")
-    assert d.rec.state in TERMINAL
+        kill = ControlRequested(
+            now=d.now, kind=ControlKind.KILL, request_id="kill", requested_by="operator"
+        )
+        assert step(d.rec, kill, d.ctx).record.state in TERMINAL, "a kill ends it at once"
+        _cancel_and_answer(d)
+    assert d.rec.state in TERMINAL, d.rec.state
+
+
+def _cancel_and_answer(d: Driver) -> None:
+    """A cancel, then an answer for every call still in flight: the run must end. (A kill
+    would end it at once; the cancel is the one that waits.)"""
+    d.control(ControlKind.CANCEL, rid="final-cancel")
+    for op in list(d.rec.operations.values()):
+        if d.rec.state in TERMINAL or not op.open:
+            continue
+        d.now += 1
+        if op.kind is OpKind.MODEL:
+            d.apply(
+                ModelReplied(
+                    now=d.now,
+                    call_id=op.call_id,
+                    status=ReplyStatus.CANCELED,
+                    content=None,
+                    usage=Usage(uncached_input=10, output=1),
+                    latency_s=1.0,
+                )
+            )
+        else:
+            d.apply(
+                ToolResulted(
+                    now=d.now,
+                    call_id=op.call_id,
+                    attempt_id=op.attempts[-1],
+                    result={"status": "error", "code": "canceled"},
+                    latency_s=1.0,
+                )
+            )
