@@ -116,6 +116,14 @@ class Recover(_Event):
     worker: str = ""
 
 
+class Reconcile(_Event):
+    """The reconciler's pass over what an ended run still owes: each handed-off write whose
+    tool can be asked is looked up; whatever cannot be asked is closed at its worst case.
+    The reconciler decides when (after a grace for late evidence, on a bounded schedule)."""
+
+    type: Literal["reconcile"] = "reconcile"
+
+
 class Tick(_Event):
     """Time passed: check the wall clock, wait deadlines and approval expiry."""
 
@@ -131,6 +139,7 @@ Event = (
     | ControlRequested
     | Finalize
     | Recover
+    | Reconcile
     | Tick
 )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel import shapes
+from kernel import owed, shapes
 from kernel.amounts import NOTHING, Amounts, model_call_charge
 from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
@@ -189,17 +189,9 @@ def _write_off_unheard_model_calls(draft: Draft) -> None:
     usage) is charged its whole reservation when the run claims completion: the worst case
     it could have cost becomes its cost, so nothing is released without evidence, and a
     completed run owes nothing. A reply that turns up later is then a duplicate."""
-    rec = draft.rec
-    for op in rec.operations.values():
-        if op.kind is not OpKind.MODEL or op.status is not OpStatus.UNKNOWN:
-            continue
-        attempt = op.attempts[-1]
-        held = rec.ledger.reservations.get(attempt)
-        if held is not None:
-            rec.ledger.book(attempt, held)
-        op.status = OpStatus.SETTLED
-        op.evidence = {**(op.evidence or {}), "booked": "reservation"}
-        draft.row(RowKind.MODEL, call_id=op.call_id, outcome="charged_reservation")
+    for op in draft.rec.operations.values():
+        if op.kind is OpKind.MODEL and op.status is OpStatus.UNKNOWN:
+            owed.write_off(draft, op, "no bill came before completion")
 
 
 def _on_plan(draft: Draft, steps: Any) -> None:

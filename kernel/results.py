@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel import shapes, waits
+from kernel import owed, shapes, waits
 from kernel.amounts import (
     ONE_TOOL_CALL,
     ZERO,
@@ -22,11 +22,11 @@ from kernel.amounts import (
 from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
 from kernel.errors import AdmissionRefused, UnknownReference
-from kernel.events import DispatchTool, LookupEffect
+from kernel.events import DispatchTool
 from kernel.events import ToolResulted as ToolResultEvent
 from kernel.record import Operation, OpKind, OpStatus, StepStatus
 from kernel.render import bound_result
-from kernel.states import LifecycleState, StopReason
+from kernel.states import LIVE, LifecycleState, StopReason
 from kernel.tools import FENCED, OnUnknown, ToolKind, ToolSpec
 
 S = LifecycleState
@@ -50,6 +50,9 @@ def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
         op.evidence is not None and op.evidence.get("attempt") == ev.attempt_id
     ):
         draft.note = f"duplicate result for {ev.call_id}: already settled"
+        return
+    if ev.looked_up and rec.state not in LIVE:  # the reconciler's lookup, on an ended run
+        owed.on_answer(draft, op, ev)
         return
     spec = draft.ctx.agent.catalog.get(op.tool or "")
     result = ev.result
@@ -210,16 +213,7 @@ def resolve_unknown(draft: Draft, op: Operation, spec: ToolSpec, looked_up: bool
     attempt = f"{op.call_id}/a{len(op.attempts) + 1}"
     timeout = round(rec.budget.deadline_s - rec.active_s, 6)
     if rule is OnUnknown.LOOKUP and not looked_up:
-        op.attempts.append(attempt)
-        draft.commands.append(
-            LookupEffect(
-                call_id=op.call_id,
-                attempt_id=attempt,
-                tool=spec.name,
-                idempotency_key=op.idempotency_key,
-                fence=draft.fence,
-            )
-        )
+        owed.send_lookup(draft, op, attempt, spec.name)
         return
     # resend (or a lookup that found no effect): a new attempt under the same key,
     # registered and reserved before it is sent.

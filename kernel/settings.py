@@ -38,6 +38,12 @@ class Settings(BaseModel):
         description="a member whose queue has work and whose consumer took nothing for this long "
         "is treated as dead",
     )
+    owed_after_s: float | None = Field(
+        None,
+        gt=0,
+        description="an ended run's open calls are reconciled this long after a router first "
+        "sees it owing, and again as often while it still owes (unset: REINS_MAX_TURN_S)",
+    )
     redis_retry_attempts: int = Field(5, ge=1, le=50)
     redis_connect_timeout_s: float = Field(2.0, gt=0, description="connecting to any Redis")
     redis_timeout_s: float = Field(

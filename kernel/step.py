@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel import control, fold, recovery, results
+from kernel import control, fold, owed, recovery, results
 from kernel.admission import admit
 from kernel.context import Draft, KernelContext, StepResult
 from kernel.errors import IllegalTransition
@@ -26,6 +26,7 @@ from kernel.events import (
     Event,
     Finalize,
     ModelReplied,
+    Reconcile,
     Recover,
     Tick,
     ToolProgress,
@@ -68,6 +69,7 @@ HANDLERS: dict[type[Event], Handler] = {
     ToolProgress: control.on_progress,
     Finalize: finalize,
     Recover: lambda draft, ev: recovery.on_recover(draft),
+    Reconcile: lambda draft, ev: owed.on_reconcile(draft),
 }
 
 

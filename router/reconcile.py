@@ -3,7 +3,8 @@
 :class:`Reconciler`, at each router tick: for every lapsed custodian already out of the ring,
 take each of its custody entries (:mod:`router.custody`; only one router wins each) and deliver
 ``Recover`` by compare-and-set while the record is still in the sent turn. Design:
-``docs/adr/0008-turn-recovery.md``.
+``docs/adr/0008-turn-recovery.md``. Then the stranded-turn backstop (:mod:`router.stranded`)
+and what ended runs still owe (:mod:`router.owed`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState
 from router.custody import Custody, Entrusted
 from router.membership import MemberRecord, Membership
+from router.owed import OwedRuns
 from router.ring import Ring
 from router.stranded import StrandedTurns
 from router.submit import RouterApi
@@ -37,6 +39,7 @@ class Reconciler:
     ring: Callable[[], Ring]
     by: str
     backstop: StrandedTurns | None = None
+    owed: OwedRuns | None = None  # what ended runs still owe (router.owed)
     recovered: int = 0
     figures: list[float] = field(default_factory=list)  # seconds from last heartbeat
 
@@ -45,6 +48,8 @@ class Reconciler:
         out = self._lapsed()
         if self.backstop is not None:
             out += self.backstop.sweep()
+        if self.owed is not None:
+            self.owed.sweep()
         return out
 
     def _lapsed(self) -> list[str]:

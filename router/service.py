@@ -35,6 +35,7 @@ from router.chores import (
 from router.dispatch import Sender
 from router.health import Beat, HealthServer
 from router.observe import RouterObserver
+from router.owed import OwedRuns
 from router.reconcile import Reconciler
 from router.stranded import StrandedTurns
 from router.submit import RouterApi
@@ -114,6 +115,12 @@ class RouterService:
             clock=time.monotonic,
         )
         self.ticker = Ticker(api, tenants, TICK_EVERY_S, clock=time.time)
+        self.owed = OwedRuns(
+            api,
+            tenants,
+            after_s=settings.owed_after_s or settings.max_turn_s,
+            clock=time.monotonic,
+        )
         self.reconciler = Reconciler(
             api,
             self.membership,
@@ -121,6 +128,7 @@ class RouterService:
             ring=lambda: self.replica.ring,
             by=options.name,
             backstop=self.stranded,
+            owed=self.owed,
         )
 
     def _queued_at(self, member: str) -> int | None:

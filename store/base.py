@@ -32,7 +32,7 @@ from kernel.errors import (
 )
 from kernel.modeljson import model_json
 from kernel.record import TrajectoryRecord
-from kernel.states import LifecycleState
+from kernel.states import TERMINAL, LifecycleState
 
 JsonObject = dict[str, Any]
 
@@ -49,6 +49,7 @@ class Commit(NamedTuple):
     rows: tuple[bytes, ...]  # chain rows, serialised, in chain order
     first_row: int  # chain index of rows[0]; meaningful only when rows is not empty
     commit_id: str
+    owes: bool = False  # ended with an operation still open: listed by ``owing``
 
 
 class Outcome(IntEnum):
@@ -136,6 +137,7 @@ def prepare_commit(
         tuple(map(model_json, chain_rows)),  # exactly pydantic's bytes
         first,
         commit_id or new_commit_id(),
+        record.state in TERMINAL and bool(record.open_operations),
     )
 
 
@@ -317,6 +319,12 @@ class SnapshotStore(abc.ABC):
         """Every stored record of ``tenant`` (in ``state``), loaded one at a time."""
         for trajectory_id in self.list(tenant, state):
             yield self.load(tenant, trajectory_id)
+
+    @abc.abstractmethod
+    def owing(self, tenant: str, limit: int = 1000) -> builtins.list[str]:
+        """Up to ``limit`` ids, sorted, of the tenant's ended trajectories that still owe a
+        settlement (an operation left open, which the reconciler owns); kept by every commit,
+        atomically with it, so no such trajectory is ever out of the reconciler's sight."""
 
     @abc.abstractmethod
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:

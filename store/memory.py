@@ -47,11 +47,12 @@ class MemoryStore(TrajectoryStore):
         self._lock = threading.Lock()
         self._trajectories: dict[Address, _Trajectory] = {}
         self._index: dict[str, dict[str, set[str]]] = {}  # tenant -> state -> ids
+        self._owing: dict[str, set[str]] = {}  # tenant -> ids of ended runs that still owe
         self._ledger: dict[Address, bytes] = {}  # (tenant, key) -> result
 
     def apply(self, commit: Commit) -> int:
         """Check and write under the lock; see :meth:`SnapshotStore.compare_and_set`."""
-        tenant, tid, expected, version, _, _, rows, first_row, commit_id = commit
+        tenant, tid, expected, version, _, _, rows, first_row, commit_id, _ = commit
         address = (tenant, tid)
         with self._lock:
             trajectory = self._trajectories.get(address)
@@ -70,7 +71,7 @@ class MemoryStore(TrajectoryStore):
 
     def _write(self, address: Address, trajectory: _Trajectory, commit: Commit) -> None:
         """The write half of :meth:`apply`, under its lock."""
-        tenant, tid, _, version, state, snapshot, rows, _, commit_id = commit
+        tenant, tid, _, version, state, snapshot, rows, _, commit_id, owes = commit
         if trajectory.state != state:  # the index moves only when the state does
             states = self._index.get(tenant)
             if states is None:
@@ -81,6 +82,10 @@ class MemoryStore(TrajectoryStore):
             if ids is None:
                 ids = states[state] = set()
             ids.add(tid)
+        if owes:
+            self._owing.setdefault(tenant, set()).add(tid)
+        elif tenant in self._owing:
+            self._owing[tenant].discard(tid)
         trajectory.chain.extend(rows)
         trajectory.commits[version] = commit_id
         trajectory.version, trajectory.state, trajectory.snapshot = version, state, snapshot
@@ -110,6 +115,11 @@ class MemoryStore(TrajectoryStore):
             if state is not None:
                 return len(states.get(state.value, ()))
             return sum(len(ids) for ids in states.values())
+
+    def owing(self, tenant: str, limit: int = 1000) -> builtins.list[str]:
+        """Ids of the tenant's ended runs that still owe, sorted; at most ``limit``."""
+        with self._lock:
+            return sorted(self._owing.get(tenant, ()))[:limit]
 
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
         """The commit id stored for ``version``, or None."""

@@ -11,10 +11,12 @@ injective and every key is scoped by tenant:
 ``{P:T:I}:chain``           list   execution chain rows (JSON); element n is chain index n
 ``{P:T}:index``             zset   each trajectory's snapshot key, scored by its state code;
                                    a state is one score range
+``{P:T}:owing``             zset   ids of the tenant's ended runs that still owe a settlement
+                                   (score 0, so read in id order)
 ``{P:T:K}:idem``            string the idempotency ledger's stored result (JSON)
 ==========================  =====  ============================================================
 
-A commit is one ``EVALSHA`` of ``lua/cas.lua`` over three keys in two slots, so it needs one
+A commit is one ``EVALSHA`` of ``lua/cas.lua`` over four keys in two slots, so it needs one
 node (standalone or Sentinel), not Cluster. Transient errors are retried; a commit whose reply
 was lost is resolved by reading its commit id back, and one still unresolved raises
 :class:`StoreUnavailable` naming its commit id. Design: ``docs/adr/0014-redis-store.md``.
@@ -98,10 +100,12 @@ def _enc(part: str) -> str:
 
 
 @lru_cache(maxsize=65536)
-def _commit_keys(prefix: str, tenant: str, trajectory_id: str) -> tuple[str, str, str]:
-    """Snapshot key, chain key and the tenant's index key: built once per trajectory."""
+def _commit_keys(prefix: str, tenant: str, trajectory_id: str) -> tuple[str, str, str, str]:
+    """Snapshot key, chain key, and the tenant's index and owing keys: built once per
+    trajectory."""
     tag = f"{{{prefix}:{_enc(tenant)}:{_enc(trajectory_id)}"
-    return f"{tag}{_SNAP_SUFFIX}", f"{tag}}}:chain", f"{{{prefix}:{_enc(tenant)}}}:index"
+    tenant_tag = f"{{{prefix}:{_enc(tenant)}}}"
+    return f"{tag}{_SNAP_SUFFIX}", f"{tag}}}:chain", f"{tenant_tag}:index", f"{tenant_tag}:owing"
 
 
 class RedisStore(TrajectoryStore):
@@ -132,7 +136,7 @@ class RedisStore(TrajectoryStore):
 
     def trajectory_keys(self, tenant: str, trajectory_id: str) -> tuple[str, str]:
         """The snapshot and chain keys of one trajectory (one hash tag)."""
-        snap_key, chain_key, _ = _commit_keys(self.prefix, tenant, trajectory_id)
+        snap_key, chain_key, _, _ = _commit_keys(self.prefix, tenant, trajectory_id)
         return snap_key, chain_key
 
     def index_key(self, tenant: str) -> str:
@@ -173,18 +177,21 @@ class RedisStore(TrajectoryStore):
         they are sent again with a commit that must be sent again). A worker that admits a
         turn itself writes its holding this way (:mod:`worker.follow_on`): it is in place before
         the admission is, and costs no round trip of its own."""
-        snap_key, chain_key, index_key = _commit_keys(
+        snap_key, chain_key, index_key, owing_key = _commit_keys(
             self.prefix, commit.tenant, commit.trajectory_id
         )
         call: tuple[bytes | str | int, ...] = (
             snap_key,
             chain_key,
             index_key,
+            owing_key,
             commit.expected_version,
             commit.version,
             _CODE_OF[commit.state],
             commit.snapshot,
             commit.commit_id,
+            commit.trajectory_id,
+            1 if commit.owes else 0,
         )
         if commit.rows:
             call = (*call, commit.first_row, *commit.rows)
@@ -207,23 +214,23 @@ class RedisStore(TrajectoryStore):
     def _run_cas(
         self, call: Sequence[bytes | str | int], before: Sequence[tuple[Any, ...]] = ()
     ) -> list[int]:
-        """EVALSHA cas.lua with 3 keys (after ``before``, in one round trip), loading the
+        """EVALSHA cas.lua with 4 keys (after ``before``, in one round trip), loading the
         script once more if the server lost it."""
         if before:
             batch = direct_batch(self._client)
             for command in before:
                 batch.execute_command(*command)
-            batch.execute_command("EVALSHA", self._cas_sha, 3, *call)
+            batch.execute_command("EVALSHA", self._cas_sha, 4, *call)
             replies = batch.execute(raise_on_error=False)
             for reply_ in replies[:-1]:
                 if isinstance(reply_, Exception):
                     raise reply_
             return cast(list[int], script_reply(replies[-1], lambda: self._run_cas(call)))
         try:
-            reply: list[int] = self._execute("EVALSHA", self._cas_sha, 3, *call)
+            reply: list[int] = self._execute("EVALSHA", self._cas_sha, 4, *call)
         except NoScriptError:
             self._client.script_load(self._cas_source)
-            reply = self._execute("EVALSHA", self._cas_sha, 3, *call)
+            reply = self._execute("EVALSHA", self._cas_sha, 4, *call)
         return reply
 
     def _read_back(
@@ -291,6 +298,14 @@ class RedisStore(TrajectoryStore):
             f"counting tenant {tenant}", lambda: self._client.zcount(key, low, high)
         )
         return int(found)
+
+    def owing(self, tenant: str, limit: int = 1000) -> builtins.list[str]:
+        """The first ``limit`` ids of the tenant's owing zset (score 0: in id order)."""
+        key = f"{{{self.prefix}:{_enc(tenant)}}}:owing"
+        members = self._read(
+            f"listing what tenant {tenant} owes", lambda: self._client.zrange(key, 0, limit - 1)
+        )
+        return [text(m) for m in members]
 
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
         """The commit id stored for ``version``, or None."""

@@ -22,7 +22,7 @@ from kernel.chain import ChainRow
 from kernel.errors import ConfigError, SnapshotNotFound, StoreError, StoreUnavailable
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
-from kernel.states import LifecycleState
+from kernel.states import TERMINAL, LifecycleState
 from store.base import (
     Commit,
     JsonObject,
@@ -35,6 +35,8 @@ from store.base import (
     settle,
 )
 
+_TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+
 _SCHEMA = """
 BEGIN IMMEDIATE;
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -46,6 +48,11 @@ CREATE TABLE IF NOT EXISTS snapshots (
     PRIMARY KEY (tenant, trajectory_id)
 );
 CREATE INDEX IF NOT EXISTS snapshots_by_state ON snapshots (tenant, state, trajectory_id);
+CREATE TABLE IF NOT EXISTS owing (
+    tenant TEXT NOT NULL,
+    trajectory_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, trajectory_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS commits (
     tenant TEXT NOT NULL,
     trajectory_id TEXT NOT NULL,
@@ -179,6 +186,10 @@ class SqliteStore(TrajectoryStore):
             "INSERT INTO commits (tenant, trajectory_id, version, commit_id) VALUES (?, ?, ?, ?)",
             (*where, commit.version, commit.commit_id),
         )
+        if commit.owes:
+            conn.execute("INSERT OR IGNORE INTO owing (tenant, trajectory_id) VALUES (?, ?)", where)
+        elif commit.state in _TERMINAL_NAMES:  # only an ended run can have owed
+            conn.execute("DELETE FROM owing WHERE tenant = ? AND trajectory_id = ?", where)
         return Outcome.APPLIED, commit.version
 
     @staticmethod
@@ -233,6 +244,13 @@ class SqliteStore(TrajectoryStore):
         with self._errors(f"counting tenant {tenant}"):
             row = self._conn().execute(sql, args).fetchone()
         return int(row[0])
+
+    def owing(self, tenant: str, limit: int = 1000) -> builtins.list[str]:
+        """Ids from the ``owing`` table, sorted; at most ``limit``."""
+        sql = "SELECT trajectory_id FROM owing WHERE tenant = ? ORDER BY trajectory_id LIMIT ?"
+        with self._errors(f"listing what tenant {tenant} owes"):
+            rows = self._conn().execute(sql, [tenant, limit]).fetchall()
+        return [r[0] for r in rows]
 
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
         """The commit id stored for ``version``, or None."""

@@ -3,7 +3,8 @@
 It is the laptop default and the harness of the kernel's tests: a simulated clock advances by
 the latencies the model and the tools report, so runs are deterministic and fast. A run stops
 when the trajectory ends, or when it is suspended (held for approval, paused): ``resume`` then
-carries on from the record, exactly as a fleet worker would from the store.
+carries on from the record, exactly as a fleet worker would from the store. A run that ends
+owing (a write whose outcome is unknown) is reconciled here before ``run`` returns.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from kernel.events import (
     Finish,
     HoldForApproval,
     LookupEffect,
+    Reconcile,
     ToolResulted,
 )
 from kernel.fastmodel import construct
+from kernel.owed import MAX_LOOKUPS
 from kernel.record import TrajectoryRecord
+from kernel.states import LIVE
 from kernel.step import step
 from kernel.tools import ToolBackend
 from worker.backend import dispatch
@@ -110,8 +114,23 @@ class EmbeddedRunner:
             result = self.apply(rec, event, out)
             rec = result.record
             todo.extend(result.commands)
-        out.record = rec
+        out.record = self._settle_owed(rec, out)
         return out
+
+    def _settle_owed(self, rec: TrajectoryRecord, out: RunResult) -> TrajectoryRecord:
+        """An ended run that still owes: the runner is its reconciler (``kernel.owed``). Calls
+        here are synchronous, so each pass's lookups are answered at once; a pass is repeated
+        only for an answer that could not tell, and the kernel's own bound ends that."""
+        for _ in range(MAX_LOOKUPS + 1):
+            if rec.state in LIVE or not rec.open_operations:
+                break
+            result = self.apply(rec, construct(Reconcile, now=self.clock.now()), out)
+            rec = result.record
+            for cmd in result.commands:
+                event = self.carry_out(rec, cmd, out)
+                if event is not None:
+                    rec = self.apply(rec, event, out).record
+        return rec
 
     def carry_out(self, rec: TrajectoryRecord, cmd: Command, out: RunResult) -> Event | None:
         """Do what one command asks and report back with the event it produced."""

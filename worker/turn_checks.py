@@ -13,10 +13,10 @@ import enum
 
 from kernel.context import KernelContext
 from kernel.errors import InvalidInput, ReinsError, StoreError, UnsupportedSchema
-from kernel.events import CallModel
-from kernel.record import TrajectoryRecord
-from kernel.states import LifecycleState
-from router.feed import HandBackWhy, TurnMessage
+from kernel.events import CallModel, LookupEffect
+from kernel.record import Operation, SettlementOwner, TrajectoryRecord
+from kernel.states import LIVE, LifecycleState
+from router.feed import HandBackWhy, TurnMessage, WorkerCommand
 from store.base import TrajectoryStore
 from worker.fleet_agents import TurnTools
 
@@ -109,15 +109,31 @@ def still_sent(rec: TrajectoryRecord, msg: TurnMessage) -> bool:
 
 
 def check_in_flight(rec: TrajectoryRecord, msg: TurnMessage) -> None:
-    """Every command must name an operation the record holds as in flight and eligible."""
+    """Every command must name an operation the record holds as in flight and eligible; on an
+    ended run, only the reconciler's latest lookup of a call it still owes (kernel.owed)."""
     if not msg.commands:
         raise Ignored("the message carries no command")
+    ended = rec.state not in LIVE
     for cmd in msg.commands:
         op = rec.operations.get(cmd.call_id)
+        if ended:
+            if not _owed_lookup(op, cmd):
+                raise Ignored(
+                    f"call {cmd.call_id}: the run has ended; only the reconciler's latest "
+                    "lookup of a call it still owes is carried out"
+                )
+            continue
         if op is None or not op.open or not op.eligible:
             raise Ignored(f"call {cmd.call_id} is not in flight in the record")
         if isinstance(cmd, CallModel) and rec.state is not S.CALLING_MODEL:
             raise Ignored(f"call {cmd.call_id}: the record is {rec.state.value}")
+
+
+def _owed_lookup(op: Operation | None, cmd: WorkerCommand) -> bool:
+    """True for the reconciler's latest lookup of an operation it still owes."""
+    if op is None or not op.open or op.settlement_owner is not SettlementOwner.RECONCILER:
+        return False
+    return isinstance(cmd, LookupEffect) and op.attempts[-1] == cmd.attempt_id
 
 
 def ended_ready(rec: TrajectoryRecord, msg: TurnMessage) -> bool:

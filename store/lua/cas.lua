@@ -7,14 +7,18 @@
 -- KEYS[2]  {P:T:I}:chain  list  chain rows (JSON); element n is chain index n
 -- KEYS[3]  {P:T}:index    zset  member: a trajectory's snapshot key (KEYS[1]);
 --                               score: its state code, so a state is one score range
+-- KEYS[4]  {P:T}:owing    zset  member: the trajectory id of an ended run that still owes a
+--                               settlement (score 0: read in id order)
 --
 -- ARGV[1]  expected version (0 = create: the snapshot must not exist)
 -- ARGV[2]  new version
 -- ARGV[3]  new state code
 -- ARGV[4]  record JSON
 -- ARGV[5]  commit id
--- ARGV[6]  chain index of the first row      } only when there are rows
--- ARGV[7..] chain rows, in chain order        }
+-- ARGV[6]  trajectory id
+-- ARGV[7]  1 if the record ended owing, else 0
+-- ARGV[8]  chain index of the first row      } only when there are rows
+-- ARGV[9..] chain rows, in chain order        }
 --
 -- Returns {outcome, n} (store.base.Outcome):
 --    2, version   this commit id is already stored for this version: a repeat, nothing written
@@ -36,10 +40,10 @@ if current ~= tonumber(ARGV[1]) then
   return {0, current}
 end
 
-local with_rows = #ARGV > 6
+local with_rows = #ARGV > 8
 if with_rows then
   local length = redis.call('LLEN', KEYS[2])
-  if length ~= tonumber(ARGV[6]) then
+  if length ~= tonumber(ARGV[8]) then
     return {-1, length}
   end
 end
@@ -47,8 +51,13 @@ end
 if stored[2] ~= ARGV[3] then
   redis.call('ZADD', KEYS[3], ARGV[3], KEYS[1])
 end
+if ARGV[7] == '1' then
+  redis.call('ZADD', KEYS[4], 0, ARGV[6])
+elseif tonumber(ARGV[3]) >= 7 then  -- an ended run (codes 7-9) may have owed until now
+  redis.call('ZREM', KEYS[4], ARGV[6])
+end
 if with_rows then
-  redis.call('RPUSH', KEYS[2], unpack(ARGV, 7))
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, 9))
 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 's', ARGV[3], 'data', ARGV[4], commit_field, ARGV[5])
 return {1, tonumber(ARGV[2])}

@@ -35,6 +35,12 @@ PLAN = {
     ],
 }
 READ = {"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}
+REFUND = {
+    "type": "tool",
+    "name": "issue_refund",
+    "plan_step": "s2",
+    "args": {"order_id": "ord_1001", "amount_cents": 3000, "reason": "damaged"},
+}
 BIG_REFUND = {
     "type": "tool",
     "name": "issue_refund",

@@ -32,17 +32,11 @@ from kernel.events import (
 from kernel.record import OpStatus, StepStatus, TrajectoryRecord
 from kernel.states import TERMINAL, LifecycleState, StopReason
 from kernel.tools import FENCED, Catalog, OnUnknown
-from tests.kernel.driver import PLAN, Driver
+from tests.kernel.driver import PLAN, REFUND, Driver
 
 S = LifecycleState
 ToolCommand = DispatchTool | LookupEffect
 REFUSED = {"status": "error", "code": FENCED}
-REFUND = {
-    "type": "tool",
-    "name": "issue_refund",
-    "plan_step": "s2",
-    "args": {"order_id": "ord_1001", "amount_cents": 3000, "reason": "damaged"},
-}
 READ = {"type": "tool", "name": "get_order", "args": {"order_id": "ord_1001"}, "plan_step": "s1"}
 EMAIL = {
     "type": "tool",

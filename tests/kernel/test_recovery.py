@@ -9,15 +9,9 @@ from kernel.events import CallModel, DispatchTool, Enqueue, LookupEffect, Recove
 from kernel.record import OpStatus
 from kernel.states import LifecycleState, StopReason
 from kernel.tools import Catalog, OnUnknown
-from tests.kernel.driver import PLAN, Driver
+from tests.kernel.driver import PLAN, REFUND, Driver
 
 S = LifecycleState
-REFUND = {
-    "type": "tool",
-    "name": "issue_refund",
-    "plan_step": "s2",
-    "args": {"order_id": "ord_1001", "amount_cents": 3000, "reason": "damaged"},
-}
 
 
 def test_stranded_model_call_keeps_its_reservation_and_cannot_act_later() -> None:

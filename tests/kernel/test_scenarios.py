@@ -103,11 +103,17 @@ def test_h_resolved_by_its_tool_rule_ends_done_with_one_refund(rule: OnUnknown) 
     assert r.rec.ledger.reservations == {}, "every reservation settled by evidence"
 
 
-def test_h_default_keeps_the_unknown_write_owed() -> None:
+def test_h_default_hands_the_unknown_write_to_the_reconciler_which_never_refunds() -> None:
     r = go(RefundPolicy(), backend=SupportStoreBackend(latency={"issue_refund": 40.0}))
+    assert r.rec.stop_reason is StopReason.UNKNOWN_OUTCOME
     refund = next(op for op in r.rec.operations.values() if op.tool == "issue_refund")
     assert refund.settlement_owner == "reconciler"
-    assert refund.attempts[0] in r.rec.ledger.reservations, "a timeout never refunds"
+    # The tool has no lookup: the runner, as reconciler, writes it off. A timeout never
+    # refunds: the reservation is charged in full and the effect stays unknown, on the chain.
+    assert refund.evidence is not None and refund.evidence["effect"] == "unknown"
+    assert r.rec.ledger.reservations == {} and r.rec.ledger.tool_calls.actual == 2
+    (row,) = [x for x in r.out.rows if x.outcome == "written_off"]
+    assert row.call_id == refund.call_id and row.detail["why"] == "no lookup"
 
 
 def test_closing_messages_are_built_from_state() -> None:
