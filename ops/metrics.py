@@ -165,6 +165,12 @@ class Metrics(RouterObserver, TurnObserver):
             ["tenant"],
             registry=r,
         )
+        self.owed_runs = Gauge(
+            "reins_owed_runs",
+            "Ended runs with an operation still unsettled, waiting for the reconciler.",
+            ["tenant"],
+            registry=r,
+        )
         self.store_conflicts = Counter(
             "reins_store_conflicts",
             "Compare-and-set commits that lost to another writer.",
@@ -193,7 +199,13 @@ class Metrics(RouterObserver, TurnObserver):
         are right from the first increment; tenants no longer configured leave the gauges."""
         names = {t.name for t in config.tenants}
         for gone in self._tenants - names:
-            for gauge in (self.weight, self.ready_depth, self.credit, self.held_approvals):
+            for gauge in (
+                self.weight,
+                self.ready_depth,
+                self.credit,
+                self.held_approvals,
+                self.owed_runs,
+            ):
                 _remove(gauge, gone)
         self._tenants = names
         for t in config.tenants:
@@ -202,6 +214,7 @@ class Metrics(RouterObserver, TurnObserver):
             self.admission_wait.labels(t.name)
             self.spend.labels(t.name)
             self.held_approvals.labels(t.name)
+            self.owed_runs.labels(t.name)
             for reason in StopReason:
                 self.stops.labels(t.name, reason.value)
 
@@ -316,6 +329,11 @@ class Metrics(RouterObserver, TurnObserver):
         """Trajectories held for approval per tenant, as counted from the store."""
         for tenant, n in held.items():
             self.held_approvals.labels(tenant).set(n)
+
+    def on_owed_runs(self, owing: Mapping[str, int]) -> None:
+        """Ended runs that still owe, per tenant, as the reconciler last listed them."""
+        for tenant, n in owing.items():
+            self.owed_runs.labels(tenant).set(n)
 
     def on_poison(self, source: str, count: int) -> None:
         """``count`` entries of the feed's ``source`` stream went to the dead letters; a source

@@ -69,6 +69,9 @@ class RouterObserver(AdmissionObserver):
     def on_held_approvals(self, held: Mapping[str, int]) -> None:
         """Trajectories held for approval, per tenant."""
 
+    def on_owed_runs(self, owing: Mapping[str, int]) -> None:
+        """Ended runs that still owe an operation's settlement, per tenant (``router.owed``)."""
+
     def on_poison(self, source: str, count: int) -> None:
         """``count`` entries of the feed's ``source`` stream (``notices``, ``handbacks``) did
         not decode and were moved to the dead letters."""

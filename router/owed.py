@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 
 from kernel.errors import ReinsError
 from kernel.events import Reconcile
+from router.observe import RouterObserver
 from router.submit import RouterApi
 
 log = logging.getLogger("reins.router.owed")
 Key = tuple[str, str]  # (tenant, trajectory id)
+LISTED = 1000  # owing runs read per tenant and tick: counted for the gauge, the first due served
 
 
 @dataclass
@@ -35,6 +37,7 @@ class OwedRuns:
     after_s: float
     clock: Callable[[], float]
     budget: int = 64  # runs reconciled per tick, over all tenants
+    observer: RouterObserver = field(default_factory=RouterObserver)
     reconciled: int = 0  # passes delivered since start
     _due: dict[Key, float] = field(default_factory=dict)  # next pass of each owing run
 
@@ -42,12 +45,14 @@ class OwedRuns:
         """One pass over what is due; returns the trajectories reconciled."""
         now, out = self.clock(), list[str]()
         seen: set[Key] = set()
+        counts: dict[str, int] = {}
         for tenant in self.tenants:
             try:
-                owing = self.api.store.owing(tenant, self.budget)
+                owing = self.api.store.owing(tenant, LISTED)
             except ReinsError as exc:  # Redis away: the next tick looks again
                 log.info("owed runs of %s: %s", tenant, exc)
                 continue
+            counts[tenant] = len(owing)
             for tid in owing:
                 key = (tenant, tid)
                 seen.add(key)
@@ -60,6 +65,7 @@ class OwedRuns:
         for key in [k for k in self._due if k not in seen]:
             del self._due[key]  # settled (or past this page): seen afresh if listed again
         self.reconciled += len(out)
+        self.observer.on_owed_runs(counts)
         if out:
             log.info("reconciled %d ended runs that still owed: %s", len(out), out[:10])
         return out

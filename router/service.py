@@ -120,6 +120,7 @@ class RouterService:
             tenants,
             after_s=settings.owed_after_s or settings.max_turn_s,
             clock=time.monotonic,
+            observer=self.observer,
         )
         self.reconciler = Reconciler(
             api,

@@ -11,6 +11,7 @@ write that was never carried out).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from kernel.events import DispatchTool, LookupEffect
 from kernel.record import ControlKind, OpStatus, SettlementOwner
 from kernel.states import LifecycleState, StopReason
 from router.feed import TurnMessage
+from router.observe import RouterObserver
 from router.owed import OwedRuns
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.support.clock import ManualClock
@@ -87,10 +89,21 @@ def killed_with_the_refund_in_flight(
     return tid, oid, dispatch
 
 
+class OwedCounts(RouterObserver):
+    """What the reconciler reports of the owing runs, each sweep."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, int]] = []
+
+    def on_owed_runs(self, owing: Mapping[str, int]) -> None:
+        self.seen.append(dict(owing))
+
+
 def reconcile(inproc: InProcessFleet, tid: str) -> list[TurnMessage]:
-    """The router's reconciler passes over the tenant; its lookups reach the worker."""
-    clock = ManualClock()
-    owed = OwedRuns(inproc.api, (TENANT,), after_s=30.0, clock=clock)
+    """The router's reconciler passes over the tenant; its lookups reach the worker; the
+    next sweep finds nothing owed."""
+    clock, counts = ManualClock(), OwedCounts()
+    owed = OwedRuns(inproc.api, (TENANT,), after_s=30.0, clock=clock, observer=counts)
     assert owed.sweep() == [], "first seen: late evidence has its time first"
     assert inproc.take() == []
     clock.advance(31.0)
@@ -99,6 +112,8 @@ def reconcile(inproc: InProcessFleet, tid: str) -> list[TurnMessage]:
     assert [type(c) for m in sent for c in m.commands] == [LookupEffect]
     for msg in sent:
         inproc.runner.run(msg)
+    assert owed.sweep() == []
+    assert counts.seen == [{TENANT: 1}, {TENANT: 1}, {TENANT: 0}], "the gauge follows the list"
     return sent
 
 

@@ -36,6 +36,7 @@ FAMILIES = {
     "reins_trajectory_stops": ("counter", {"tenant", "stop_reason"}),
     "reins_spend_dollars": ("counter", {"tenant"}),
     "reins_approvals_held": ("gauge", {"tenant"}),
+    "reins_owed_runs": ("gauge", {"tenant"}),
     "reins_store_conflicts": ("counter", set()),
     "reins_ring_members": ("gauge", {"state"}),
     "reins_poison_notices": ("counter", {"source"}),
@@ -110,8 +111,11 @@ def test_config_declares_tenants_from_zero_and_drops_the_gone() -> None:
             assert m.registry.get_sample_value("reins_trajectory_stops_total", key) == 0
         assert m.registry.get_sample_value("reins_spend_dollars_total", {"tenant": tenant}) == 0
     smaller = admission_config().model_copy(update={"tenants": admission_config().tenants[:1]})
+    m.on_owed_runs({"acme": 2, "globex": 1})
+    assert value(m, "reins_owed_runs", tenant="acme") == 2
     m.on_config(smaller)
     assert m.registry.get_sample_value("reins_tenant_weight", {"tenant": "globex"}) is None
+    assert m.registry.get_sample_value("reins_owed_runs", {"tenant": "globex"}) is None
     assert value(m, "reins_tenant_weight", tenant="acme") == 3
 
 
