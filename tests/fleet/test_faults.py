@@ -92,7 +92,21 @@ class Faulty:
 def faulty(
     fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> Iterator[Faulty]:
-    run = Faulty({**fleet_env, **FAULT_ENV}, tmp_path / "fleet", redis_client)
+    yield from _faulty({**fleet_env, **FAULT_ENV}, tmp_path, redis_client)
+
+
+@pytest.fixture
+def faulty_slow_to_lapse(
+    fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> Iterator[Faulty]:
+    """A fleet whose heartbeat timeout outlasts any process start on a loaded machine, so a
+    worker started again under its name is back before the routers would call it lapsed."""
+    env = {**fleet_env, **FAULT_ENV, "REINS_HEARTBEAT_TIMEOUT_S": "30"}
+    yield from _faulty(env, tmp_path, redis_client)
+
+
+def _faulty(env: dict[str, str], tmp_path: Path, redis_client: redis.Redis) -> Iterator[Faulty]:
+    run = Faulty(env, tmp_path / "fleet", redis_client)
     try:
         yield run
     finally:
@@ -145,8 +159,9 @@ def test_a_black_holed_redis_connection_hangs_no_process(
 
 
 def test_a_worker_started_again_under_its_name_hands_its_turns_to_the_reconciler(
-    faulty: Faulty,
+    faulty_slow_to_lapse: Faulty,
 ) -> None:
+    faulty = faulty_slow_to_lapse  # w2 is back well within the heartbeat timeout
     start(faulty.fleet, routers=("r1",))
     faulty.submit(100, 2200)
     wait_for(
