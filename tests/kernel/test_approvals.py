@@ -303,12 +303,27 @@ def test_settling_timed_out_test_jobs() -> None:
 
 
 def test_workspaces_held_in_escrow() -> None:
-    held_n = held_by_littles_law(12, 45 / 60)
-    assert held_n == pytest.approx(9) and held_n * 4 == pytest.approx(36)
-    assert max_mean_decision_hours(24, 4, 12) * 60 == pytest.approx(30)
-    assert held_n * 0.25 == pytest.approx(2.25)
-    restore_fraction = 40 / (45 * 60)
-    assert round(restore_fraction * 100, 1) == 1.5
+    # held_workspaces is proposed for kernel/sizing.py; until it lands this test fails alone.
+    from kernel.sizing import held_workspaces
+
+    w = held_workspaces(
+        arrivals_per_hour=12,
+        mean_decision_hours=45 / 60,
+        workspace_gb=4,
+        pool_gb=24,
+        resident_gb=0.25,
+        restore_s=40,
+    )
+    assert w.held == pytest.approx(9)
+    assert w.retained_gb == pytest.approx(36)
+    assert w.fitting_decision_hours == pytest.approx(0.5)  # 30 minutes
+    assert w.snapshot_resident_gb == pytest.approx(2.25)
+    assert round(w.restore_fraction * 100, 1) == 1.5
+
+
+def test_littles_law_sizing_functions() -> None:
+    assert held_by_littles_law(12, 45 / 60) == pytest.approx(9)
+    assert max_mean_decision_hours(24, 4, 12) == pytest.approx(0.5)
 
 
 def test_approval_figures_from_records() -> None:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel.amounts import Amounts, Dimension
+from kernel.budget import Budget
 from kernel.chain import RowKind
 from kernel.states import TERMINAL, LifecycleState, StopReason
 from tests.kernel.harness import Run, go
@@ -89,6 +90,10 @@ def check_drifting_bounds(r: Run) -> dict[str, Decimal]:
     went past it was stopped at that call; returns the worst excess per dimension."""
     rec = r.rec
     overruns = model_overruns(r)
+    reported = sum(
+        row.tokens_in + row.tokens_out for row in r.out.rows if row.kind is RowKind.MODEL
+    )
+    assert rec.ledger.tokens.actual >= reported, "the ledger books all the usage reported"
     worst: dict[str, Decimal] = {}
     for dim in Dimension:
         acct = rec.ledger.account(dim)
@@ -105,13 +110,24 @@ def check_drifting_bounds(r: Run) -> dict[str, Decimal]:
     return worst
 
 
+def with_reserve(rng: random.Random, budget: Budget) -> Budget:
+    """Half the budgets keep a finalization reserve of tokens and dollars, so admission's
+    headroom ends below the allowance and a call that takes the reserve is a breach
+    (random_budget keeps none). Not of tool calls: the reconciler's lookups may spend those."""
+    if rng.random() < 0.5:
+        return budget
+    reserve = Amounts.of(tokens=rng.choice([100, 400]), dollars=budget.max_cost / 4)
+    return Budget.build(**{**budget.model_dump(), "reserve": reserve})
+
+
 def test_ten_thousand_runs_with_a_drifting_provider_overrun_by_one_call_at_most() -> None:
     worst: dict[str, Decimal] = {d.value: Decimal(0) for d in Dimension}
-    overran = 0
+    overran = reserved = 0
     for seed in range(10_000):
         rng = random.Random(seed)
         factor = rng.choice([0.5, 1.0, 1.7])
-        budget = random_budget(rng)
+        budget = with_reserve(rng, random_budget(rng))
+        reserved += budget.reserve != Amounts()
         r = go(
             random_policy(rng),
             budget,
@@ -128,3 +144,4 @@ def test_ten_thousand_runs_with_a_drifting_provider_overrun_by_one_call_at_most(
         f"{ {k: str(v) for k, v in worst.items()} }"
     )
     assert overran > 100, "the drifting provider was seen to overrun"
+    assert reserved > 1000, "budgets with a finalization reserve were run"

@@ -288,6 +288,20 @@ def test_kill_stops_admission_and_records_unresolved_work() -> None:
     assert d.rec.state is S.CANCELED
 
 
+def test_kill_abandons_a_call_an_earlier_interrupt_withdrew() -> None:
+    d = Driver()
+    dispatch = d.to_reading()
+    d.control(ControlKind.INTERRUPT, instructions="hold on")  # withdrawn, still in flight
+    assert d.rec.state is S.READY and d.rec.operations[dispatch.call_id].open
+    res = d.control(ControlKind.KILL, rid="c2")
+    assert d.rec.state is S.CANCELED and d.rec.stop_reason is StopReason.KILLED
+    assert [c.call_id for c in d.commands(CancelCall)] == [dispatch.call_id], "asked again"
+    op = d.rec.operations[dispatch.call_id]
+    assert op.status is OpStatus.UNKNOWN and op.settlement_owner == "reconciler"
+    assert dispatch.attempt_id in d.rec.ledger.reservations, "the reservation stays"
+    assert res.ack is not None and res.ack["outstanding"] == [dispatch.call_id]
+
+
 def test_interrupt_supersedes_the_pending_plan_and_asks_for_a_new_one() -> None:
     d = Driver()
     dispatch = d.to_reading()

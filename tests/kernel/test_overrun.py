@@ -24,8 +24,17 @@ from kernel.trace import spans_from_chain
 from tests.kernel.harness import go
 
 
-def test_a_provider_reporting_1_7x_is_stopped_at_the_call_that_took_the_headroom() -> None:
-    budget = Budget.build(max_tokens=650, max_output_tokens=80)
+@pytest.mark.parametrize(
+    ("allowance", "reserve"), [(650, 0), (800, 150)], ids=["no-reserve", "finalization-reserve"]
+)
+def test_a_provider_reporting_1_7x_is_stopped_at_the_call_that_took_the_headroom(
+    allowance: int, reserve: int
+) -> None:
+    # With a finalization reserve the headroom ends below the allowance: the call that takes
+    # the reserve stops the run although the allowance itself is not passed.
+    budget = Budget.build(
+        max_tokens=allowance, max_output_tokens=80, reserve=Amounts.of(tokens=reserve)
+    )
     run = go(RefundPolicy(), budget, usage_factor=1.7)
     rec, rows = run.rec, run.out.rows
     models = [r for r in rows if r.kind is RowKind.MODEL]
@@ -35,6 +44,8 @@ def test_a_provider_reporting_1_7x_is_stopped_at_the_call_that_took_the_headroom
     tokens = rec.ledger.tokens
     assert tokens.actual + tokens.reserved > tokens.allowance - tokens.reserve, "it did breach"
     assert tokens.actual + tokens.reserved - tokens.allowance <= overruns[-1].tokens
+    headroom_end = tokens.allowance - tokens.reserve
+    assert tokens.actual + tokens.reserved - headroom_end <= overruns[-1].tokens
     assert rec.stop_reason is StopReason.MAX_TOKENS and rec.state is LifecycleState.FAILED
     breach = rows.index(models[-1])
     assert [r.kind for r in rows[breach + 1 :]] == [RowKind.STOP], "nothing admitted after"
