@@ -15,6 +15,7 @@ from kernel.record import ApprovalStatus, ControlKind
 from kernel.sizing import (
     approval_figures,
     held_by_littles_law,
+    held_workspaces,
     max_mean_decision_hours,
     timed_out_jobs,
 )
@@ -291,21 +292,19 @@ def test_settling_timed_out_test_jobs() -> None:
         fast_s=20,
         slow_s=60,
         cancel_stop_s=5,
+        allowance=4.00,
     )
     assert f.liability == pytest.approx(0.90)
     assert f.defective_uncovered_mean == pytest.approx(1.08)
-    assert f.defective_uncovered_mean / 4.00 == pytest.approx(0.27)
+    assert f.uncovered_mean_share == pytest.approx(0.27)
     assert f.defective_uncovered_worst == pytest.approx(5.40)
-    assert f.defective_uncovered_worst / 4.00 == pytest.approx(1.35)
+    assert f.uncovered_worst_share == pytest.approx(1.35)
     assert f.held_beyond_charge == pytest.approx(0.30)
     assert (f.cancel_charge, f.cancel_released) == (pytest.approx(0.35), pytest.approx(0.55))
     assert (f.cost_cancel, f.cost_let_run) == (pytest.approx(1.47), pytest.approx(1.92))
 
 
 def test_workspaces_held_in_escrow() -> None:
-    # held_workspaces is proposed for kernel/sizing.py; until it lands this test fails alone.
-    from kernel.sizing import held_workspaces
-
     w = held_workspaces(
         arrivals_per_hour=12,
         mean_decision_hours=45 / 60,

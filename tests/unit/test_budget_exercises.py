@@ -20,6 +20,7 @@ from kernel.budget import Budget
 from kernel.errors import AdmissionRefused
 from kernel.ledger import Ledger
 from kernel.record import TrajectoryRecord
+from kernel.sizing import UsedFractions, used_fractions
 
 DOLLARS = Dimension.DOLLARS
 
@@ -175,9 +176,6 @@ def test_cache_miss_exercise_ceiling_for_all_misses() -> None:
 
 
 def test_napkin_10_3_leading_dimension() -> None:
-    # used_fractions is proposed for kernel/sizing.py; until it lands this test fails alone.
-    from kernel.sizing import UsedFractions, used_fractions
-
     def meter(reuse: bool) -> UsedFractions:
         budget = Budget.build(
             max_steps=40,
