@@ -29,7 +29,7 @@ tools:
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy kernel store router worker ops examples
+	$(VENV)/bin/mypy kernel store router worker api ops examples
 	$(VENV)/bin/lint-imports
 
 # The whole suite, chaos runs included (CI runs exactly this).

@@ -105,6 +105,24 @@ def router_cmd(
     raise typer.Exit(code)
 
 
+def api_cmd(
+    name: str = typer.Option("api", "--name", help="this API process's name (its log lines)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(8080, "--port", help="port to listen on"),
+    log_level: str = LOG_LEVEL,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM."""
+    import uvicorn
+
+    from api.app import create_app
+    from worker.fleet import configure_logging
+
+    settings = _settings()
+    configure_logging(name, log_level)
+    app = create_app(settings)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
+
+
 def _api(tenants: str | None, gates: str, admitter: str) -> Any:
     from router.service import AdmitterKind, RouterOptions, RouterService
 
@@ -168,6 +186,7 @@ def register(app: typer.Typer) -> None:
     """Attach the fleet commands to the ``reins`` CLI."""
     app.command("worker")(worker_cmd)
     app.command("router")(router_cmd)
+    app.command("api")(api_cmd)
     app.command("submit")(submit_cmd)
     app.command("control")(control_cmd)
 
