@@ -45,8 +45,9 @@ class ChainFollower:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
-    def events(self, after: int | None) -> Iterator[bytes]:
-        """The events after chain index ``after`` (None: from the first row)."""
+    def events(self, after: int | None, follow: bool = True) -> Iterator[bytes]:
+        """The events after chain index ``after`` (None: from the first row); without
+        ``follow``, only the rows already written."""
         start = 0 if after is None else after + 1
         last_sent = last_state = self.clock()
         while True:
@@ -56,6 +57,8 @@ class ChainFollower:
                 start = row.index + 1
                 if row.kind is RowKind.STOP:
                     return
+            if not follow:
+                return
             now = self.clock()
             if rows:
                 last_sent = now

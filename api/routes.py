@@ -131,8 +131,10 @@ def events(
     grant: Authenticated,
     request: Request,
     last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+    follow: bool = True,
 ) -> StreamingResponse:
-    """The execution chain as Server-Sent Events until the run stops; resumable."""
+    """The execution chain as Server-Sent Events until the run stops (``follow=false``: the
+    rows written so far); resumable with ``Last-Event-ID``."""
     tenant = need(grant, Scope.READ)
     _load(request, tenant, trajectory_id)
     try:
@@ -143,7 +145,7 @@ def events(
         ) from None
     follower = ChainFollower(front_of(request).store, tenant, trajectory_id)
     return StreamingResponse(
-        follower.events(after),
+        follower.events(after, follow),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -1,4 +1,4 @@
-"""``reins worker``, ``reins router``, ``reins submit`` and ``reins control``: the fleet.
+"""``reins worker``, ``reins router``, ``reins api`` and ``reins control``: the fleet.
 
 Each process reads the one settings object from ``REINS_*`` variables (the Redis of the store,
 the broker, the key prefix, heartbeats, concurrency, drain grace); options below override
@@ -112,15 +112,13 @@ def api_cmd(
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM."""
-    import uvicorn
-
     from api.app import create_app
+    from api.serve import serve
     from worker.fleet import configure_logging
 
     settings = _settings()
     configure_logging(name, log_level)
-    app = create_app(settings)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
+    raise typer.Exit(serve(create_app(settings), host, port, log_level))
 
 
 def _api(tenants: str | None, gates: str, admitter: str) -> Any:
@@ -136,22 +134,11 @@ def _api(tenants: str | None, gates: str, admitter: str) -> Any:
     return RouterService(settings, options).api()
 
 
-def submit_cmd(
-    tenant: str = typer.Option(..., "--tenant", help="the tenant (this CLI is a trusted caller)"),
-    agent: str = typer.Option(..., "--agent", help="MODULE:AGENT"),
-    goal: str = typer.Option(..., "--goal", help="what the user asked for"),
-    user: str = typer.Option("cu_ana", "--user", help="the user the run acts for"),
-    budget: list[str] = typer.Option(  # noqa: B008 - typer's idiom
-        [], "--budget", help="override a budget key: --budget max_steps=3 (repeatable)"
-    ),
-    tenants: str | None = typer.Option(None, "--tenants", help="tenant configuration file"),
-    gates: str = typer.Option("", "--gates", help="provider gate configuration file"),
-    admitter: str = typer.Option("redis", "--admitter", help="the fleet's admitter kind"),
-) -> None:
-    """Submit one job to the fleet and print its trajectory id (one JSON object)."""
-    overrides = dict(pair.split("=", 1) for pair in budget if "=" in pair)
+def submit_direct(tenant: str, agent: str, goal: str, user: str, overrides: dict[str, str]) -> None:
+    """Submit one job in this process, as a trusted caller of the router's functions (no API
+    running: tests and a fleet without one); print its trajectory id as one JSON object."""
     job = {"agent": agent, "goal": goal, "user": user, "budget": overrides}
-    done = _api(tenants, gates, admitter).submit(tenant, job)
+    done = _api(None, "", "redis").submit(tenant, job)
     out = {"tenant": done.tenant, "trajectory_id": done.trajectory_id}
     sys.stdout.write(json.dumps(out) + "\n")
 
@@ -187,7 +174,6 @@ def register(app: typer.Typer) -> None:
     app.command("worker")(worker_cmd)
     app.command("router")(router_cmd)
     app.command("api")(api_cmd)
-    app.command("submit")(submit_cmd)
     app.command("control")(control_cmd)
 
 
