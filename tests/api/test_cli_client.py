@@ -1,0 +1,75 @@
+"""The CLI's client commands against a real API process: JSON for scripts, and refusals that
+say what to do next."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from ops.fleet_local import ROOT, LocalFleet
+from tests.api.conftest import AGENT, Keys
+from tests.api.processes import fleet_env, start_api
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def api_url(
+    key_prefix: str, tmp_path: Path, redis_client: redis.Redis, applied: int
+) -> Iterator[str]:
+    processes = LocalFleet(fleet_env(key_prefix), tmp_path, redis_client)
+    try:
+        yield start_api(processes)
+    finally:
+        processes.close()
+
+
+def reins(url: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REINS_")}
+    env.update({"REINS_API_URL": url, "REINS_API_KEY": key, "COLUMNS": "200"})
+    code = "from ops.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_cli_submits_lists_shows_and_controls_through_the_api(api_url: str, keys: Keys) -> None:
+    out = reins(api_url, keys.acme, "submit", "--agent", AGENT, "--goal", "refund ord_1", "--json")
+    assert out.returncode == 0, out.stderr
+    tid = json.loads(out.stdout)["trajectory_id"]
+
+    listed = json.loads(reins(api_url, keys.acme, "ls", "--json").stdout)
+    assert [t["trajectory_id"] for t in listed["items"]] == [tid]
+    assert json.loads(reins(api_url, keys.globex, "ls", "--json").stdout)["items"] == []
+    shown = json.loads(reins(api_url, keys.acme, "show", tid, "--json").stdout)
+    assert shown["state"] == "READY" and shown["budget"]["steps"]["spent"] == "0"
+
+    paused = reins(api_url, keys.acme, "pause", tid, "--json")
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["state"] == "PAUSED"
+    table = reins(api_url, keys.acme, "ls")
+    assert tid in table.stdout and "PAUSED" in table.stdout
+
+
+def test_a_refusal_says_what_is_wrong_and_what_to_do(api_url: str, keys: Keys) -> None:
+    refused = reins(api_url, keys.acme, "submit", "--agent", "this:agent", "--goal", "g")
+    assert refused.returncode == 2
+    assert "(agent)" in refused.stderr and "ask the operator" in refused.stderr
+    missing = reins(api_url, keys.acme, "show", "traj-nope")
+    assert missing.returncode == 2 and "404" in missing.stderr
+    held = reins(api_url, keys.acme, "approve", "traj-nope")
+    assert held.returncode == 2
+    bad_key = reins(api_url, "rk_00000000_nope", "ls")
+    assert bad_key.returncode == 2 and "ask the operator for a key" in bad_key.stderr
