@@ -25,7 +25,7 @@ def front_of(request: Request) -> Front:
     return front
 
 
-def _grant(
+async def _grant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Grant:

@@ -31,6 +31,9 @@ from router.submit import RouterApi, Submitted
 from store.redis_client import client_for
 from store.redis_store import RedisStore
 
+#: How long the API trusts a key's last answer: a revocation takes effect within this.
+KEYS_REMEMBERED_S = 5.0
+
 
 @dataclass
 class Front:
@@ -62,7 +65,7 @@ class Front:
             store=RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts),
             feed=Feed(client, prefix),
             config=ConfigSource(client, prefix),
-            keys=KeyRing(client, prefix),
+            keys=KeyRing(client, prefix, remember_s=KEYS_REMEMBERED_S),
             idempotency=IdempotencyKeys(client, prefix),
             membership=Membership.of(client, settings),
         )

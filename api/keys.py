@@ -13,6 +13,7 @@ import hashlib
 import json
 import secrets
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, cast
 
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kernel.errors import InvalidInput
 
+REMEMBERED = 10_000  # keys whose answer a process remembers at once
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"
 
 
@@ -68,12 +70,26 @@ def digest(key: str) -> str:
 
 
 class KeyRing:
-    """Create, verify, list and revoke API keys under one prefix (see the module docstring)."""
+    """Create, verify, list and revoke API keys under one prefix (see the module docstring).
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    With ``remember_s`` above 0, :meth:`verify` remembers each answer that long (at most
+    :data:`REMEMBERED` keys), so a revocation takes effect within ``remember_s`` in a process
+    that saw the key just before.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        *,
+        remember_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.keys_key = f"{prefix}:api:keys"
         self.ids_key = f"{prefix}:api:key-ids"
+        self.remember_s, self.clock = remember_s, clock
+        self._seen: dict[str, tuple[float, Grant | None]] = {}
 
     def create(
         self,
@@ -107,8 +123,17 @@ class KeyRing:
         """The grant of ``key``, or None for a key that is unknown or revoked."""
         if not key.startswith("rk_") or len(key) > 200:
             return None
-        raw = self.client.hget(self.keys_key, digest(key))
-        return None if raw is None else Grant.model_validate_json(cast(bytes, raw))
+        hashed, now = digest(key), self.clock()
+        seen = self._seen.get(hashed)
+        if seen is not None and now - seen[0] < self.remember_s:
+            return seen[1]
+        raw = self.client.hget(self.keys_key, hashed)
+        grant = None if raw is None else Grant.model_validate_json(cast(bytes, raw))
+        if self.remember_s > 0:
+            if len(self._seen) >= REMEMBERED:
+                self._seen.clear()
+            self._seen[hashed] = (now, grant)
+        return grant
 
     def grants(self) -> list[Grant]:
         """Every live key's grant, by tenant then key id."""

@@ -60,7 +60,7 @@ def _refusal_field(exc: InvalidInput) -> str | None:
 
 
 @router.post("/trajectories", status_code=201, response_model=Submitted)
-def submit(
+async def submit(
     job: JobRequest,
     grant: Authenticated,
     request: Request,

@@ -109,6 +109,7 @@ def api_cmd(
     name: str = typer.Option("api", "--name", help="this API process's name (its log lines)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8080, "--port", help="port to listen on"),
+    workers: int = typer.Option(1, "--workers", min=1, help="processes accepting on the port"),
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM."""
@@ -118,7 +119,8 @@ def api_cmd(
 
     settings = _settings()
     configure_logging(name, log_level)
-    raise typer.Exit(serve(create_app(settings), host, port, log_level))
+    code = serve(lambda: create_app(settings), host, port, log_level, workers=workers)
+    raise typer.Exit(code)
 
 
 def _api(tenants: str | None, gates: str, admitter: str) -> Any:
