@@ -42,10 +42,11 @@ def bench_cmd(
 
 def _register_subcommands() -> None:
     """Attach the sub-applications; each lives in its own module."""
-    from ops import cli_admin, cli_client, cli_doctor, cli_fleet, cli_run, cli_trace
+    from ops import cli_admin, cli_client, cli_doctor, cli_fleet, cli_run, cli_trace, cli_up
 
     cli_admin.register(app)
     cli_client.register(app)
+    cli_up.register(app)
     cli_doctor.register(app)
     cli_fleet.register(app)
     cli_run.register(app)
