@@ -93,10 +93,15 @@ def revoke_cmd(key_id: str = typer.Argument(..., help="the key id (reins keys li
 
 @config_app.command("apply")
 def apply_cmd(
-    path: str = typer.Argument(..., help="the fleet's document (.toml or .json)"),
+    path: str = typer.Argument(..., help="the fleet document, .toml or .json"),
+    gates: str | None = typer.Option(
+        None, "--gates", help="a gates file (routes) to apply as the document's gates"
+    ),
 ) -> None:
     """Validate FILE and store it as the fleet's next configuration version."""
     data = fleet_config.read_file(path)
+    if gates:
+        data["gates"] = fleet_config.read_file(gates)
     with _redis() as (settings, client):
         version = fleet_config.apply(client, settings.key_prefix, data)
     console.print(

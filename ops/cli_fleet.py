@@ -49,7 +49,6 @@ def worker_cmd(
     """Run a fleet worker: consume this member's queue until SIGTERM (then drain)."""
     from ops.metrics import served
     from router.agents import load_factory
-    from router.tenants import AdmissionConfig
     from worker.fleet import WorkerOptions, configure_logging, run_worker
     from worker.fleet_agents import ModelOverrides
 
@@ -69,10 +68,28 @@ def worker_cmd(
         backend=load_factory(backend) if backend else None,
     )
     with served(settings) as metrics:
-        if metrics is not None and settings.tenants_file:  # every tenant's series from 0
-            metrics.on_config(AdmissionConfig.from_file(settings.tenants_file))
+        if metrics is not None:  # every tenant's series from 0
+            config = _tenants(settings)
+            if config is not None:
+                metrics.on_config(config)
         code = run_worker(settings, options, observer=metrics)
     raise typer.Exit(code)
+
+
+def _tenants(settings: Settings) -> Any:
+    """The tenants of ``settings``'s file, or else of the fleet's document (None: neither)."""
+    from router import fleet_config
+    from router.tenants import AdmissionConfig
+    from store.redis_client import client_for
+
+    if settings.tenants_file:
+        return AdmissionConfig.from_file(settings.tenants_file)
+    client = client_for(settings)
+    try:
+        fleet = fleet_config.load(client, settings.key_prefix)
+    finally:
+        client.close()
+    return None if fleet is None else fleet.admission
 
 
 def router_cmd(
