@@ -84,13 +84,22 @@ def _decision(approve: bool, version: int, digest: str) -> JsonDict:
 
 
 class ReinsClient:
-    """The API over one connection pool; ``base_url`` like ``http://127.0.0.1:8080``."""
+    """The API over one connection pool; ``base_url`` like ``http://127.0.0.1:8080``
+    (``transport``: another httpx transport, such as an ASGI app in process)."""
 
-    def __init__(self, base_url: str, key: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.http = httpx.Client(
             base_url=base_url,
             headers={"Authorization": f"Bearer {key}"},
             timeout=timeout_s,
+            transport=transport,
         )
 
     def close(self) -> None:
@@ -185,11 +194,19 @@ class ReinsClient:
 class AsyncReinsClient:
     """The same API for asyncio callers (the methods a service needs most)."""
 
-    def __init__(self, base_url: str, key: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.http = httpx.AsyncClient(
             base_url=base_url,
             headers={"Authorization": f"Bearer {key}"},
             timeout=timeout_s,
+            transport=transport,
         )
 
     async def aclose(self) -> None:

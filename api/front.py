@@ -18,7 +18,7 @@ import redis
 from api.idempotency import IdempotencyKeys, body_digest
 from api.keys import KeyRing
 from api.problems import Problem
-from kernel.errors import UnknownAgent
+from kernel.errors import SnapshotNotFound, UnknownAgent
 from kernel.settings import Settings
 from router.agents import AgentCache
 from router.broker import TaskPublisher, make_app
@@ -140,5 +140,14 @@ class Front:
                 field="Idempotency-Key",
                 kind="idempotency-key-reused",
             )
-        rec = self.store.load(tenant, tid)  # SnapshotNotFound: still being created
+        try:
+            rec = self.store.load(tenant, tid)
+        except SnapshotNotFound:
+            raise Problem(
+                409,
+                "In progress",
+                "a submission with this Idempotency-Key is still being created; retry shortly",
+                field="Idempotency-Key",
+                kind="idempotency-key-in-progress",
+            ) from None
         return Submitted(tenant, tid, rec.record_version, 0, 0, "")
