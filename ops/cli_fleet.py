@@ -140,24 +140,20 @@ def api_cmd(
     raise typer.Exit(code)
 
 
-def _api(tenants: str | None, gates: str, admitter: str) -> Any:
-    from router.service import AdmitterKind, RouterOptions, RouterService
+def _api() -> Any:
+    """The router's functions as a trusted caller in this process uses them: over the fleet's
+    document in Redis, never admitting and never writing configuration or gate limits (the
+    API's own router API, :class:`api.front.Front`)."""
+    from api.front import Front
 
-    settings = _settings(tenants_file=tenants)
-    options = RouterOptions(
-        name="cli",
-        tenants_file=settings.tenants_file,
-        gates_file=gates,
-        admitter=AdmitterKind(admitter),
-    )
-    return RouterService(settings, options).api()
+    return Front.wire(_settings()).router_api()
 
 
 def submit_direct(tenant: str, agent: str, goal: str, user: str, overrides: dict[str, str]) -> None:
     """Submit one job in this process, as a trusted caller of the router's functions (no API
-    running: tests and a fleet without one); print its trajectory id as one JSON object."""
+    running); print its trajectory id as one JSON object."""
     job = {"agent": agent, "goal": goal, "user": user, "budget": overrides}
-    done = _api(None, "", "redis").submit(tenant, job)
+    done = _api().submit(tenant, job)
     out = {"tenant": done.tenant, "trajectory_id": done.trajectory_id}
     sys.stdout.write(json.dumps(out) + "\n")
 
@@ -167,12 +163,10 @@ def control_cmd(
     trajectory_id: str = typer.Argument(..., help="the trajectory"),
     kind: str = typer.Argument(..., help="pause, resume, cancel, kill or interrupt"),
     by: str = typer.Option("operator", "--by", help="who asks"),
-    tenants: str | None = typer.Option(None, "--tenants", help="tenant configuration file"),
-    gates: str = typer.Option("", "--gates", help="provider gate configuration file"),
-    admitter: str = typer.Option("redis", "--admitter", help="the fleet's admitter kind"),
 ) -> None:
-    """Send a control request to a trajectory wherever its turn runs; print the answer."""
-    ack = _api(tenants, gates, admitter).control(tenant, trajectory_id, kind, by)
+    """An operator's control request, straight on the fleet's Redis (tenants use the API:
+    reins pause|resume|cancel|kill ID); print the answer."""
+    ack = _api().control(tenant, trajectory_id, kind, by)
     sys.stdout.write(json.dumps(ack, sort_keys=True) + "\n")
 
 

@@ -36,6 +36,7 @@ def held_refund(
     tid = reply.json()["trajectory_id"]
     fleet = InProcessFleet(client, prefix, fleet_file)
     fleet.run_until_quiet()
+    fleet.service.dispatcher.flush()  # the admissions' figures, as a router's tick writes them
     tenant = "acme"
     rec = fleet.load(tenant, tid)
     assert rec.state is LifecycleState.AWAITING_APPROVAL, rec.state

@@ -16,6 +16,7 @@ import redis
 from ops.fleet_local import ROOT, LocalFleet
 from tests.api.conftest import AGENT, Keys
 from tests.api.processes import fleet_env, start_api
+from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.redis
 
@@ -73,3 +74,33 @@ def test_a_refusal_says_what_is_wrong_and_what_to_do(api_url: str, keys: Keys) -
     assert held.returncode == 2
     bad_key = reins(api_url, "rk_00000000_nope", "ls")
     assert bad_key.returncode == 2 and "ask the operator for a key" in bad_key.stderr
+
+
+def test_top_and_an_operators_direct_control_write_no_configuration(
+    api_url: str, keys: Keys, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    out = reins(api_url, keys.acme, "submit", "--agent", AGENT, "--goal", "refund ord_2", "--json")
+    tid = json.loads(out.stdout)["trajectory_id"]
+    top = reins(api_url, keys.operator, "top", "--json")
+    assert top.returncode == 0, top.stderr
+    assert [(u["tenant"], u["backlog"]) for u in json.loads(top.stdout)] == [
+        ("acme", 1),
+        ("globex", 0),
+    ]
+    config_before = redis_client.hgetall(f"{key_prefix}:fleet:config")
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REINS_")}
+    env.update({"REINS_KEY_PREFIX": key_prefix, "REINS_REDIS_URL": REDIS_URL})
+    code = "from ops.cli import main; main()"
+    direct = subprocess.run(
+        [sys.executable, "-c", code, "control", "acme", tid, "pause"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert direct.returncode == 0, direct.stderr
+    assert json.loads(reins(api_url, keys.acme, "show", tid, "--json").stdout)["state"] == "PAUSED"
+    assert redis_client.hgetall(f"{key_prefix}:fleet:config") == config_before
+    assert list(redis_client.scan_iter(match=f"{{{key_prefix}:adm}}*")) == [], "gates written"
