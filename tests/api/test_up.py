@@ -75,6 +75,22 @@ def test_reins_up_serves_a_job_and_ctrl_c_stops_what_it_started(
             kinds = [event.kind for event in client.events(tid)]
             assert kinds[-1] == "stop"
             assert client.show(tid)["state"] == "COMPLETED"
+
+        # the CLI on the same fleet: submit and follow to the stop
+        cli_env = {**env, "REINS_API_URL": handed["url"], "REINS_API_KEY": handed["keys"]["acme"]}
+        submit = ["submit", "--agent", job["agent"], "--goal", job["goal"], "--follow", "--json"]
+        followed = subprocess.run(
+            [sys.executable, "-c", code, *submit],
+            cwd=tmp_path,
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert followed.returncode == 0, followed.stderr
+        lines = [json.loads(line) for line in followed.stdout.splitlines()]
+        assert "trajectory_id" in lines[0] and lines[-1]["event"] == "stop"
+        assert [line["id"] for line in lines[1:]] == list(range(len(lines) - 1))
     finally:
         up.send_signal(signal.SIGINT)
         status = up.wait(timeout=120)
