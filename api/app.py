@@ -8,6 +8,9 @@ problem details (:mod:`api.problems`). Design: ``docs/adr/0110-api.md``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse
 
@@ -19,12 +22,20 @@ from kernel.settings import Settings
 
 def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
     """The application; ``front`` replaces the parts wired from ``settings`` (tests)."""
+    parts = front if front is not None else Front.wire(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await parts.aclose()
+
     app = FastAPI(
         title="reins",
         version="1",
         description="Run LLM-agent trajectories under budgets, approvals and fair shares.",
+        lifespan=lifespan,
     )
-    app.state.front = front if front is not None else Front.wire(settings)
+    app.state.front = parts
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(fleet_routes.router)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from api.idempotency import IdempotencyKeys, body_digest
 from api.keys import KeyRing
@@ -53,6 +54,7 @@ class Front:
     _api: tuple[int, RouterApi] | None = None
     _publisher: TaskPublisher | None = None
     _custody: Custody | None = None
+    _tail: Any = None  # redis.asyncio.Redis, built on first use (in the event loop's process)
 
     @classmethod
     def wire(cls, settings: Settings, client: redis.Redis | None = None) -> Front:
@@ -69,6 +71,22 @@ class Front:
             idempotency=IdempotencyKeys(client, prefix),
             membership=Membership.of(client, settings),
         )
+
+    def tail(self) -> Any:
+        """An asyncio Redis client of the store's server (event streams read with it)."""
+        if self._tail is None:
+            self._tail = redis.asyncio.Redis.from_url(
+                self.settings.redis_url,
+                socket_connect_timeout=self.settings.redis_connect_timeout_s,
+                socket_timeout=self.settings.redis_timeout_s,
+            )
+        return self._tail
+
+    async def aclose(self) -> None:
+        """Close the asyncio client (the app's shutdown)."""
+        if self._tail is not None:
+            await self._tail.aclose()
+            self._tail = None
 
     def fleet(self) -> FleetConfig:
         """The configuration in force (ConfigError: none applied)."""

@@ -143,7 +143,8 @@ def events(
         raise Problem(
             422, "Invalid request", "Last-Event-ID must be a chain index", field="Last-Event-ID"
         ) from None
-    follower = ChainFollower(front_of(request).store, tenant, trajectory_id)
+    front = front_of(request)
+    follower = ChainFollower(front.tail(), front.store, tenant, trajectory_id)
     return StreamingResponse(
         follower.events(after, follow),
         media_type="text/event-stream",

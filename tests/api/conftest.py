@@ -15,7 +15,9 @@ from api.app import create_app
 from api.front import Front
 from api.keys import KeyRing, Scope
 from kernel.settings import Settings
+from ops.fleet_local import LocalFleet
 from router import fleet_config
+from tests.api.processes import fleet_env, start_api
 from tests.conftest import REDIS_URL
 
 AGENT = "examples.support_store:agent"
@@ -88,3 +90,15 @@ def http(api_env: dict[str, str], redis_client: redis.Redis, applied: int) -> It
     app = create_app(settings, Front.wire(settings, client=redis_client))
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
+
+
+@pytest.fixture
+def api_url(
+    key_prefix: str, tmp_path: Path, redis_client: redis.Redis, applied: int
+) -> Iterator[str]:
+    """The API as a process of its own (no router, no worker) on a loopback port."""
+    processes = LocalFleet(fleet_env(key_prefix), tmp_path, redis_client)
+    try:
+        yield start_api(processes)
+    finally:
+        processes.close()

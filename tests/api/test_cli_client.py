@@ -7,29 +7,15 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
-from ops.fleet_local import ROOT, LocalFleet
+from ops.fleet_local import ROOT
 from tests.api.conftest import AGENT, Keys
-from tests.api.processes import fleet_env, start_api
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def api_url(
-    key_prefix: str, tmp_path: Path, redis_client: redis.Redis, applied: int
-) -> Iterator[str]:
-    processes = LocalFleet(fleet_env(key_prefix), tmp_path, redis_client)
-    try:
-        yield start_api(processes)
-    finally:
-        processes.close()
 
 
 def reins(url: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
