@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 from api import fleet_routes, problems, routes
 from api.auth import front_of
 from api.front import Front
+from api.limits import BodyLimit
 from kernel.settings import Settings
 
 
@@ -36,6 +37,7 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.front = parts
+    app.add_middleware(BodyLimit)
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(fleet_routes.router)

@@ -117,7 +117,8 @@ def _reins(request: Request, exc: Exception) -> JSONResponse:
 
 def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
+    titles = {404: "Not found", 405: "Method not allowed", 413: "Body too large"}
+    title = titles.get(exc.status_code, "HTTP error")
     return Problem(exc.status_code, title, str(exc.detail), kind="http").response()
 
 

@@ -114,11 +114,19 @@ def list_trajectories(
 
 @router.get("/trajectories/{trajectory_id}", response_model=Trajectory, responses=NOT_FOUND)
 def show(
-    trajectory_id: TrajectoryId, grant: Authenticated, request: Request, response: Response
-) -> Trajectory:
-    """One trajectory: state, stop reason, closing message, spend, held approval; ETag."""
+    trajectory_id: TrajectoryId,
+    grant: Authenticated,
+    request: Request,
+    response: Response,
+    if_none_match: Annotated[str | None, Header(max_length=100)] = None,
+) -> Trajectory | Response:
+    """One trajectory: state, stop reason, closing message, spend, held approval; its record
+    version is the ETag (``If-None-Match`` with it: 304 while nothing changed)."""
     rec = _load(request, need(grant, Scope.READ), trajectory_id)
-    response.headers["ETag"] = f'"{rec.record_version}"'
+    etag = f'"{rec.record_version}"'
+    if if_none_match == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
     return trajectory_of(rec)
 
 

@@ -110,3 +110,34 @@ def test_a_wrong_decision_names_its_field_and_changes_nothing(
     assert after.record_version == expired.record_version
     assert after.state is LifecycleState.AWAITING_APPROVAL
     assert after.held is not None and after.held.status is ApprovalStatus.HELD
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(
+    http: TestClient, keys: Keys, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    huge = {**GOOD, "goal": "x" * 300_000}
+    declared = http.post("/v1/trajectories", json=huge, headers=keys.auth(keys.acme))
+    assert declared.status_code == 413, declared.text
+    assert declared.headers["content-type"] == "application/problem+json"
+
+    def chunks():  # no Content-Length: the body is streamed in pieces
+        yield b'{"agent": "examples.support_store:agent", "user": "u", "goal": "'
+        for _ in range(40):
+            yield b"x" * 10_000
+        yield b'"}'
+
+    headers = {**keys.auth(keys.acme), "content-type": "application/json"}
+    chunked = http.post("/v1/trajectories", content=chunks(), headers=headers)
+    assert chunked.status_code == 413, chunked.text
+    assert RedisStore(redis_client, prefix=key_prefix).list("acme") == []
+
+
+def test_a_trajectory_unchanged_since_its_etag_is_a_304(http: TestClient, keys: Keys) -> None:
+    auth = keys.auth(keys.acme)
+    tid = http.post("/v1/trajectories", json=GOOD, headers=auth).json()["trajectory_id"]
+    etag = http.get(f"/v1/trajectories/{tid}", headers=auth).headers["etag"]
+    same = http.get(f"/v1/trajectories/{tid}", headers={**auth, "If-None-Match": etag})
+    assert same.status_code == 304 and same.content == b""
+    http.post(f"/v1/trajectories/{tid}/pause", headers=auth)
+    moved = http.get(f"/v1/trajectories/{tid}", headers={**auth, "If-None-Match": etag})
+    assert moved.status_code == 200 and moved.headers["etag"] != etag
