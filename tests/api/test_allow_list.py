@@ -65,3 +65,19 @@ def test_a_new_version_is_seen_and_a_document_without_agents_is_refused(
     with pytest.raises(ConfigError, match="list no agents"):
         fleet_config.apply(redis_client, key_prefix, without)
     assert source.current().version == applied + 1, "a refused document changed the version"
+
+
+def test_the_apis_submissions_take_the_gated_route_of_the_fleets_document(
+    redis_client: redis.Redis, key_prefix: str, api_env: dict[str, str]
+) -> None:
+    from api.front import Front
+    from kernel.settings import Settings
+
+    data = tomllib.loads(fleet_toml())
+    data["gates"] = {"routes": {"scripted/refund-policy": {"concurrency": 4}}}
+    fleet_config.apply(redis_client, key_prefix, data)
+    front = Front.wire(Settings.from_env(api_env), client=redis_client)
+    job = {"agent": AGENT, "goal": "refund ord_1", "user": "cu_ana"}
+    done, created = front.submit("acme", job, None)
+    assert created and done.route == "scripted/refund-policy", "queued without its gate"
+    assert list(redis_client.scan_iter(match=f"{{{key_prefix}:adm}}*")) == [], "limits written"
