@@ -73,17 +73,18 @@ async def submit(
     try:
         done, created = front_of(request).submit(tenant, body, idempotency_key)
     except InvalidInput as exc:
+        if "max_ready" in str(exc):  # the tenant's backlog is full: back off, not a bad job
+            raise Problem(429, "Backlog full", str(exc), headers={"Retry-After": "5"}) from None
         problem = from_reins(exc)
         problem.field = problem.field or _refusal_field(exc)
         raise problem from None
-    if not created:
+    state = LifecycleState.READY
+    if not created:  # the trajectory this key already named, as it stands now
         response.status_code = 200
+        state = front_of(request).store.load(tenant, done.trajectory_id).state
     response.headers["Location"] = f"/v1/trajectories/{done.trajectory_id}"
     return Submitted(
-        trajectory_id=done.trajectory_id,
-        version=done.version,
-        state=LifecycleState.READY.value if created else "existing",
-        created=created,
+        trajectory_id=done.trajectory_id, version=done.version, state=state.value, created=created
     )
 
 

@@ -62,6 +62,7 @@ def test_an_idempotency_key_names_one_trajectory_for_one_body(
     again = http.post("/v1/trajectories", json=GOOD, headers=headers)
     assert first.status_code == 201 and again.status_code == 200, (first.text, again.text)
     assert first.json()["trajectory_id"] == again.json()["trajectory_id"]
+    assert (again.json()["created"], again.json()["state"]) == (False, "READY")
     other = http.post("/v1/trajectories", json={**GOOD, "goal": "another"}, headers=headers)
     assert other.status_code == 422 and other.json()["field"] == "Idempotency-Key"
     assert RedisStore(redis_client, prefix=key_prefix).list("acme") == [
@@ -141,3 +142,19 @@ def test_a_trajectory_unchanged_since_its_etag_is_a_304(http: TestClient, keys: 
     http.post(f"/v1/trajectories/{tid}/pause", headers=auth)
     moved = http.get(f"/v1/trajectories/{tid}", headers={**auth, "If-None-Match": etag})
     assert moved.status_code == 200 and moved.headers["etag"] != etag
+
+
+def test_a_full_backlog_is_a_429_to_retry(
+    http: TestClient, keys: Keys, redis_client: redis.Redis, key_prefix: str, fleet_file: Path
+) -> None:
+    from router import fleet_config
+
+    data = fleet_config.read_file(fleet_file)
+    data["tenants"][0]["max_ready"] = 1
+    fleet_config.apply(redis_client, key_prefix, data)
+    http.app.state.front.config.refresh_s = 0.0  # see the new version at once
+    auth = keys.auth(keys.acme)
+    assert http.post("/v1/trajectories", json=GOOD, headers=auth).status_code == 201
+    full = http.post("/v1/trajectories", json=GOOD, headers=auth)
+    assert full.status_code == 429 and full.headers["retry-after"] == "5", full.text
+    assert len(RedisStore(redis_client, prefix=key_prefix).list("acme")) == 1
