@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from api.client import ReinsClient
-from kernel.errors import InvalidInput
+from kernel.errors import InvalidInput, ReinsError
 from ops import api_target
 
 console = Console()
@@ -26,10 +27,17 @@ JSON = typer.Option(False, "--json", help="print JSON for scripts")
 
 
 @contextmanager
-def _client() -> Iterator[ReinsClient]:
+def connected() -> Iterator[ReinsClient]:
+    """A client of the API the environment names; transport failures say what to check."""
     target = api_target.require()
     with ReinsClient(target.url, target.key) as client:
-        yield client
+        try:
+            yield client
+        except httpx.TransportError as exc:
+            raise ReinsError(
+                f"cannot reach the API at {target.url} ({exc}); is reins api (or reins up) "
+                "running, and is REINS_API_URL right?"
+            ) from None
 
 
 def _print_json(value: Any) -> None:
@@ -77,7 +85,7 @@ def submit_cmd(
         submit_direct(tenant or "", agent, goal, user, overrides)
         return
     job = {"agent": agent, "goal": goal, "user": user, "budget": overrides}
-    with _client() as client:
+    with connected() as client:
         done = client.submit(job, idempotency_key=idempotency_key)
         if as_json:
             _print_json(done)
@@ -114,7 +122,7 @@ def ls_cmd(
     as_json: bool = JSON,
 ) -> None:
     """List your tenant's trajectories."""
-    with _client() as client:
+    with connected() as client:
         page = client.trajectories(state, limit, cursor)
     if as_json:
         _print_json(page)
@@ -126,7 +134,7 @@ def ls_cmd(
 
 def show_cmd(trajectory_id: str = typer.Argument(...), as_json: bool = JSON) -> None:
     """One trajectory: state, stop reason, spend, held approval."""
-    with _client() as client:
+    with connected() as client:
         shown = client.show(trajectory_id)
     if as_json:
         _print_json(shown)
@@ -146,7 +154,7 @@ def events_cmd(
     as_json: bool = JSON,
 ) -> None:
     """Its execution chain as events (with -f, until the run stops)."""
-    with _client() as client:
+    with connected() as client:
         if follow:
             _follow(client, trajectory_id, as_json)
             return
@@ -159,7 +167,7 @@ def events_cmd(
 
 def approvals_cmd(as_json: bool = JSON) -> None:
     """Approvals held in your tenant."""
-    with _client() as client:
+    with connected() as client:
         held = client.approvals()["items"]
     if as_json:
         _print_json({"items": held})
@@ -177,7 +185,7 @@ def approvals_cmd(as_json: bool = JSON) -> None:
 
 
 def _decide(trajectory_id: str, approve: bool, as_json: bool) -> None:
-    with _client() as client:
+    with connected() as client:
         held = client.show(trajectory_id)["held_approval"]
         if held is None or held["status"] != "held":
             raise InvalidInput(
@@ -209,7 +217,7 @@ def deny_cmd(trajectory_id: str = typer.Argument(...), as_json: bool = JSON) -> 
 
 def _control(kind: str) -> Any:
     def command(trajectory_id: str = typer.Argument(...), as_json: bool = JSON) -> None:
-        with _client() as client:
+        with connected() as client:
             done = client.control(trajectory_id, kind)
         if as_json:
             _print_json(done)

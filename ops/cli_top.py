@@ -13,9 +13,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from api.client import ReinsClient
-from ops import api_target
-
 console = Console()
 
 
@@ -43,8 +40,9 @@ def top_cmd(
     as_json: bool = typer.Option(False, "--json", help="print JSON once"),
 ) -> None:
     """Per-tenant share against weight, backlog and p99 wait (every tenant, operator keys)."""
-    target = api_target.require()
-    with ReinsClient(target.url, target.key) as client:
+    from ops.cli_client import connected
+
+    with connected() as client:
         if as_json or once:
             rows = client.usage()
             if as_json:

@@ -90,3 +90,12 @@ def test_top_and_an_operators_direct_control_write_no_configuration(
     assert json.loads(reins(api_url, keys.acme, "show", tid, "--json").stdout)["state"] == "PAUSED"
     assert redis_client.hgetall(f"{key_prefix}:fleet:config") == config_before
     assert list(redis_client.scan_iter(match=f"{{{key_prefix}:adm}}*")) == [], "gates written"
+
+
+def test_an_api_that_does_not_answer_is_named_with_what_to_check() -> None:
+    from tests.api.processes import free_port
+
+    down = reins(f"http://127.0.0.1:{free_port()}", "rk_00000000_x", "ls")
+    assert down.returncode == 2
+    assert "cannot reach the API" in down.stderr and "reins up" in down.stderr
+    assert "Traceback" not in down.stderr
