@@ -57,6 +57,8 @@ def test_a_held_refund_approved_through_the_api_happens_once_and_its_events_arri
         assert done["detail"]["reviewer"] == "reviewer"
         rest = list(client.events(tid, last_event_id=first[-1].id))  # to the stop
         final = client.show(tid)
+        written = [e.id for e in client.events(tid, follow=False)]  # reins events ID
+        trace = client.trace(tid)
 
     events = first + rest
     assert [e.id for e in events] == list(range(len(events))), "an event lost or repeated"
@@ -64,6 +66,9 @@ def test_a_held_refund_approved_through_the_api_happens_once_and_its_events_arri
     chain = RedisStore(redis_client, prefix=key_prefix).read("acme", tid)
     assert [e.data for e in events] == [row.model_dump(mode="json") for row in chain]
     assert final["state"] == "COMPLETED", final
+    assert written == [e.id for e in events]
+    assert trace["postmortem"]["stop"] == events[-1].data["outcome"]
+    assert {s["kind"] for s in trace["spans"]} >= {"task", "model", "tool"}
     refunds = [
         e for e in RedisState(redis_client, key_prefix, seed=False).effects() if e[0] == "refund"
     ]
