@@ -1,4 +1,6 @@
-"""The ``reins`` command line: run, demo, bench, ring, doctor."""
+"""The ``reins`` command line: a fleet through its API (submit, ls, show, events, approve, top),
+its processes (up, api, router, worker), its administration (keys, config, ring, doctor), and
+the embedded runner (run, demo, trace, replay); benchmarks."""
 
 from __future__ import annotations
 
