@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 
 from kernel.errors import (
     ConcurrentModification,
+    ConfigError,
     ControlFlow,
     IllegalTransition,
     InvalidInput,
@@ -78,6 +79,8 @@ def from_reins(exc: ReinsError) -> Problem:
     """The problem of one of reins's own errors (the refusal of a request; nothing changed)."""
     if isinstance(exc, SnapshotNotFound):
         return not_found()
+    if isinstance(exc, ConfigError):  # the fleet's configuration is missing or unusable
+        return Problem(503, "Not configured", str(exc), kind="not-configured")
     if isinstance(exc, StoreUnavailable):
         return Problem(503, "Unavailable", f"the store did not answer: {exc}; retry")
     if isinstance(exc, UnknownAgent):

@@ -158,3 +158,14 @@ def test_a_full_backlog_is_a_429_to_retry(
     full = http.post("/v1/trajectories", json=GOOD, headers=auth)
     assert full.status_code == 429 and full.headers["retry-after"] == "5", full.text
     assert len(RedisStore(redis_client, prefix=key_prefix).list("acme")) == 1
+
+
+def test_without_a_fleet_configuration_the_api_is_not_ready_and_says_what_to_run(
+    http: TestClient, keys: Keys, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    redis_client.delete(f"{key_prefix}:fleet:config")
+    front = http.app.state.front
+    front.config.refresh_s = 0.0
+    assert http.get("/readyz").status_code == 503
+    reply = http.post("/v1/trajectories", json=GOOD, headers=keys.auth(keys.acme))
+    assert reply.status_code == 503 and "reins config apply" in reply.json()["detail"]
