@@ -25,7 +25,7 @@ from router.agents import AgentCache
 from router.broker import TaskPublisher, make_app
 from router.custody import Custody
 from router.feed import Feed
-from router.fleet_config import ConfigSource, FleetConfig
+from router.fleet_config import ConfigSource, FleetConfig, importable
 from router.membership import Membership
 from router.ring import Ring
 from router.submit import RouterApi, Submitted
@@ -61,12 +61,14 @@ class Front:
         """Connect to the store's Redis (nothing is written)."""
         client = client if client is not None else client_for(settings)
         prefix = settings.key_prefix
+        config = ConfigSource(client, prefix)
         return cls(
             settings=settings,
             client=client,
             store=RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts),
             feed=Feed(client, prefix),
-            config=ConfigSource(client, prefix),
+            config=config,
+            agents=AgentCache(importable(config)),
             keys=KeyRing(client, prefix, remember_s=KEYS_REMEMBERED_S),
             idempotency=IdempotencyKeys(client, prefix),
             membership=Membership.of(client, settings),

@@ -231,7 +231,7 @@ class RouterParts:
         replica = ReplicaRing(membership, options.name)
         config, gate_config = fleet_configuration(client, prefix, options)
         observer.on_config(config)
-        agents = AgentCache()
+        agents = AgentCache(lambda ref: fleet_config.listed_anywhere(config, ref))
         custody = Custody(client, prefix)
         outbox = Outbox.wire(settings, custody, sender)
         admission = Admission(

@@ -41,6 +41,27 @@ class FleetConfig:
         cfg = self.admission.tenant(tenant)
         return cfg is not None and cfg.agents is not None and agent in cfg.agents
 
+    def lists(self, agent: str) -> bool:
+        """True when some tenant lists ``agent``: the only agents a process may import."""
+        return listed_anywhere(self.admission, agent)
+
+
+def listed_anywhere(admission: AdmissionConfig, agent: str) -> bool:
+    """True when some tenant lists ``agent``, or some tenant has no list (files of a trusted
+    deployment that restricts nothing)."""
+    return any(t.agents is None or agent in t.agents for t in admission.tenants)
+
+
+def importable(source: ConfigSource) -> Callable[[str], bool]:
+    """For :class:`router.agents.AgentCache`: the agents some tenant of the configuration in
+    force lists (any, while no configuration was applied: a fleet run from files)."""
+
+    def allowed(agent: str) -> bool:
+        fleet = source.peek()
+        return fleet is None or fleet.lists(agent)
+
+    return allowed
+
 
 def config_key(prefix: str) -> str:
     """The Redis hash holding the configuration under ``prefix``."""

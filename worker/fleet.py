@@ -35,7 +35,7 @@ from router.agents import AgentCache
 from router.broker import broker_keyprefix, queue_for, take_queued_turns
 from router.custody import Custody
 from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
-from router.fleet_config import ConfigSource
+from router.fleet_config import ConfigSource, importable
 from router.gates import GateConfig
 from router.health import Beat, HealthServer
 from router.membership import Membership, Progress
@@ -86,7 +86,7 @@ class FleetWorker:
         self.store = AllowListedStore(
             self.client, prefix=settings.key_prefix, retry_attempts=settings.redis_retry_attempts
         )
-        self.store.source = ConfigSource(self.client, settings.key_prefix)
+        source = self.store.source = ConfigSource(self.client, settings.key_prefix)
         self.broker = (
             self.client
             if client is not None or settings.broker_url == settings.redis_url
@@ -106,7 +106,10 @@ class FleetWorker:
                 return shared(agent, settings, client_)
 
         tools = TurnTools(
-            AgentCache(), env if env is not None else os.environ, options.overrides, factory
+            AgentCache(importable(source)),
+            env if env is not None else os.environ,
+            options.overrides,
+            factory,
         )
         # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
         gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)

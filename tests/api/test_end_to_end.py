@@ -3,6 +3,8 @@ events, reconnect once with Last-Event-ID, approve the held refund, and see it h
 
 from __future__ import annotations
 
+import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,9 +13,13 @@ import redis
 
 from api.client import Event, ReinsClient
 from examples.support_store.state import RedisState
+from kernel.budget import Budget
+from kernel.record import TrajectoryRecord
 from ops.fleet_local import LocalFleet
+from router import fleet_config
+from router.feed import Feed, ready_notice
 from store.redis_store import RedisStore
-from tests.api.conftest import Keys
+from tests.api.conftest import Keys, fleet_toml
 from tests.api.held import refund_body
 from tests.api.processes import fleet_env, start_fleet
 from tests.fleet.harness import seed_orders
@@ -75,3 +81,43 @@ def test_a_held_refund_approved_through_the_api_happens_once_and_its_events_arri
     assert len(refunds) == 1, refunds
     codes = stop_all(fleet)
     assert all(code == 0 for code in codes.values()), codes
+
+
+def _smuggle(client: redis.Redis, prefix: str, tid: str, agent: str) -> None:
+    """Create and queue a READY record of ``agent`` for acme, as a writer that skipped the
+    API's check would."""
+    rec = TrajectoryRecord.create(
+        trajectory_id=tid,
+        tenant="acme",
+        user="cu_ana",
+        goal="refund the damaged item on order ord_1001",
+        agent=agent,
+        budget=Budget(),
+        now=time.time(),
+    )
+    RedisStore(client, prefix=prefix).create(rec)
+    Feed(client, prefix).push(ready_notice(rec, "", time.time(), ""))
+
+
+def test_no_process_imports_an_agent_no_tenant_lists_and_workers_check_the_tenant(
+    fleet: LocalFleet, redis_client: redis.Redis, key_prefix: str, applied: int
+) -> None:
+    # globex may run the lookup variant; acme may not
+    data = tomllib.loads(fleet_toml())
+    data["tenants"][1]["agents"].append("examples.support_store:agent_lookup")
+    fleet_config.apply(redis_client, key_prefix, data)
+    start_fleet(fleet)
+    _smuggle(redis_client, key_prefix, "traj-zen", "this:agent")
+    _smuggle(redis_client, key_prefix, "traj-lookup", "examples.support_store:agent_lookup")
+
+    def refused() -> bool:
+        routers = "on no tenant's list" in fleet.log("r1")
+        workers = any("not allowed for tenant 'acme'" in fleet.log(w) for w in ("w1", "w2"))
+        return routers and workers
+
+    wait_for(refused, 60, "the router and a worker to refuse the records")
+    store = RedisStore(redis_client, prefix=key_prefix)
+    assert store.load("acme", "traj-zen").chain_length == 0
+    assert store.load("acme", "traj-lookup").chain_length == 0, "a refused agent's turn ran"
+    logs = "".join(fleet.log(name) for name in fleet.procs)
+    assert "Beautiful is better than ugly" not in logs, "a process imported this:agent"
