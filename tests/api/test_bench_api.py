@@ -20,6 +20,5 @@ def test_the_api_bench_reports_rates_a_ratio_and_event_latencies() -> None:
     }
     assert result["events"] == 60, "an event of the followed trajectory never arrived"
     assert result["api_submits_per_s"] > 0 and result["direct_submits_per_s"] > 0
-    assert result["ratio"] == pytest.approx(
-        result["api_submits_per_s"] / result["direct_submits_per_s"], abs=0.01
-    )
+    assert result["ratio"] > 0  # the median of the rounds' quotients
+    assert result["event_p50_ms"] <= result["event_p99_ms"]
