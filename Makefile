@@ -29,7 +29,7 @@ tools:
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy kernel store router worker ops examples
+	$(VENV)/bin/mypy kernel store router worker api ops examples
 	$(VENV)/bin/lint-imports
 
 # The whole suite, chaos runs included (CI runs exactly this).
@@ -44,7 +44,7 @@ demo: venv
 	$(VENV)/bin/reins demo
 
 bench: venv redis
-	@for b in kernel ring admitter store fleet; do $(VENV)/bin/reins bench $$b --json; done
+	@for b in kernel ring admitter store fleet api; do $(VENV)/bin/reins bench $$b --json; done
 
 clean:
 	rm -rf $(VENV) .reins .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,6 @@
-"""The ``reins`` command line: run, demo, bench, ring, doctor."""
+"""The ``reins`` command line: a fleet through its API (submit, ls, show, events, approve, top),
+its processes (up, api, router, worker), its administration (keys, config, ring, doctor), and
+the embedded runner (run, demo, trace, replay); benchmarks."""
 
 from __future__ import annotations
 
@@ -42,8 +44,11 @@ def bench_cmd(
 
 def _register_subcommands() -> None:
     """Attach the sub-applications; each lives in its own module."""
-    from ops import cli_doctor, cli_fleet, cli_run, cli_trace
+    from ops import cli_admin, cli_client, cli_doctor, cli_fleet, cli_run, cli_trace, cli_up
 
+    cli_admin.register(app)
+    cli_client.register(app)
+    cli_up.register(app)
     cli_doctor.register(app)
     cli_fleet.register(app)
     cli_run.register(app)
@@ -55,6 +60,9 @@ def _register_subcommands() -> None:
 
 def main() -> None:
     """Entry point: run the CLI and turn reins errors into a one-line message and exit 2."""
+    from ops import api_target
+
+    api_target.take()  # REINS_API_URL and REINS_API_KEY are the client's, not settings
     _register_subcommands()
     try:
         code = app(standalone_mode=False)

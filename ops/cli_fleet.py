@@ -1,4 +1,4 @@
-"""``reins worker``, ``reins router``, ``reins submit`` and ``reins control``: the fleet.
+"""``reins worker``, ``reins router``, ``reins api`` and ``reins control``: the fleet.
 
 Each process reads the one settings object from ``REINS_*`` variables (the Redis of the store,
 the broker, the key prefix, heartbeats, concurrency, drain grace); options below override
@@ -49,7 +49,6 @@ def worker_cmd(
     """Run a fleet worker: consume this member's queue until SIGTERM (then drain)."""
     from ops.metrics import served
     from router.agents import load_factory
-    from router.tenants import AdmissionConfig
     from worker.fleet import WorkerOptions, configure_logging, run_worker
     from worker.fleet_agents import ModelOverrides
 
@@ -69,10 +68,28 @@ def worker_cmd(
         backend=load_factory(backend) if backend else None,
     )
     with served(settings) as metrics:
-        if metrics is not None and settings.tenants_file:  # every tenant's series from 0
-            metrics.on_config(AdmissionConfig.from_file(settings.tenants_file))
+        if metrics is not None:  # every tenant's series from 0
+            config = _tenants(settings)
+            if config is not None:
+                metrics.on_config(config)
         code = run_worker(settings, options, observer=metrics)
     raise typer.Exit(code)
+
+
+def _tenants(settings: Settings) -> Any:
+    """The tenants of ``settings``'s file, or else of the fleet's document (None: neither)."""
+    from router import fleet_config
+    from router.tenants import AdmissionConfig
+    from store.redis_client import client_for
+
+    if settings.tenants_file:
+        return AdmissionConfig.from_file(settings.tenants_file)
+    client = client_for(settings)
+    try:
+        fleet = fleet_config.load(client, settings.key_prefix)
+    finally:
+        client.close()
+    return None if fleet is None else fleet.admission
 
 
 def router_cmd(
@@ -105,35 +122,38 @@ def router_cmd(
     raise typer.Exit(code)
 
 
-def _api(tenants: str | None, gates: str, admitter: str) -> Any:
-    from router.service import AdmitterKind, RouterOptions, RouterService
-
-    settings = _settings(tenants_file=tenants)
-    options = RouterOptions(
-        name="cli",
-        tenants_file=settings.tenants_file,
-        gates_file=gates,
-        admitter=AdmitterKind(admitter),
-    )
-    return RouterService(settings, options).api()
-
-
-def submit_cmd(
-    tenant: str = typer.Option(..., "--tenant", help="the tenant (this CLI is a trusted caller)"),
-    agent: str = typer.Option(..., "--agent", help="MODULE:AGENT"),
-    goal: str = typer.Option(..., "--goal", help="what the user asked for"),
-    user: str = typer.Option("cu_ana", "--user", help="the user the run acts for"),
-    budget: list[str] = typer.Option(  # noqa: B008 - typer's idiom
-        [], "--budget", help="override a budget key: --budget max_steps=3 (repeatable)"
-    ),
-    tenants: str | None = typer.Option(None, "--tenants", help="tenant configuration file"),
-    gates: str = typer.Option("", "--gates", help="provider gate configuration file"),
-    admitter: str = typer.Option("redis", "--admitter", help="the fleet's admitter kind"),
+def api_cmd(
+    name: str = typer.Option("api", "--name", help="this API process's name (its log lines)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(8080, "--port", help="port to listen on"),
+    workers: int = typer.Option(1, "--workers", min=1, help="processes accepting on the port"),
+    log_level: str = LOG_LEVEL,
 ) -> None:
-    """Submit one job to the fleet and print its trajectory id (one JSON object)."""
-    overrides = dict(pair.split("=", 1) for pair in budget if "=" in pair)
+    """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM."""
+    from api.app import create_app
+    from api.serve import serve
+    from worker.fleet import configure_logging
+
+    settings = _settings()
+    configure_logging(name, log_level)
+    code = serve(lambda: create_app(settings), host, port, log_level, workers=workers)
+    raise typer.Exit(code)
+
+
+def _api() -> Any:
+    """The router's functions as a trusted caller in this process uses them: over the fleet's
+    document in Redis, never admitting and never writing configuration or gate limits (the
+    API's own router API, :class:`api.front.Front`)."""
+    from api.front import Front
+
+    return Front.wire(_settings()).router_api()
+
+
+def submit_direct(tenant: str, agent: str, goal: str, user: str, overrides: dict[str, str]) -> None:
+    """Submit one job in this process, as a trusted caller of the router's functions (no API
+    running); print its trajectory id as one JSON object."""
     job = {"agent": agent, "goal": goal, "user": user, "budget": overrides}
-    done = _api(tenants, gates, admitter).submit(tenant, job)
+    done = _api().submit(tenant, job)
     out = {"tenant": done.tenant, "trajectory_id": done.trajectory_id}
     sys.stdout.write(json.dumps(out) + "\n")
 
@@ -143,12 +163,10 @@ def control_cmd(
     trajectory_id: str = typer.Argument(..., help="the trajectory"),
     kind: str = typer.Argument(..., help="pause, resume, cancel, kill or interrupt"),
     by: str = typer.Option("operator", "--by", help="who asks"),
-    tenants: str | None = typer.Option(None, "--tenants", help="tenant configuration file"),
-    gates: str = typer.Option("", "--gates", help="provider gate configuration file"),
-    admitter: str = typer.Option("redis", "--admitter", help="the fleet's admitter kind"),
 ) -> None:
-    """Send a control request to a trajectory wherever its turn runs; print the answer."""
-    ack = _api(tenants, gates, admitter).control(tenant, trajectory_id, kind, by)
+    """An operator's control request, straight on the fleet's Redis (tenants use the API:
+    reins pause|resume|cancel|kill ID); print the answer."""
+    ack = _api().control(tenant, trajectory_id, kind, by)
     sys.stdout.write(json.dumps(ack, sort_keys=True) + "\n")
 
 
@@ -168,7 +186,7 @@ def register(app: typer.Typer) -> None:
     """Attach the fleet commands to the ``reins`` CLI."""
     app.command("worker")(worker_cmd)
     app.command("router")(router_cmd)
-    app.command("submit")(submit_cmd)
+    app.command("api")(api_cmd)
     app.command("control")(control_cmd)
 
 

@@ -52,15 +52,20 @@ class AgentCache:
     """Agent modules and their kernel contexts by reference; thread-safe, loaded once each.
 
     An unknown reference raises :class:`UnknownAgent` every time it is asked for (nothing is
-    cached for it), so a deployment that adds the module later is picked up.
+    cached for it), so a deployment that adds the module later is picked up. With ``allowed``,
+    a reference it refuses raises :class:`UnknownAgent` before anything is imported (asked on
+    every call, so an agent taken off the lists is refused from then on).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, allowed: Callable[[str], bool] | None = None) -> None:
         self._lock = threading.Lock()
         self._agents: dict[str, tuple[AgentModule, KernelContext]] = {}
+        self.allowed = allowed
 
     def get(self, ref: str) -> tuple[AgentModule, KernelContext]:
         """The agent and its kernel context; raises :class:`UnknownAgent`."""
+        if self.allowed is not None and not self.allowed(ref):
+            raise UnknownAgent(f"agent {ref!r} is on no tenant's list of agents")
         found = self._agents.get(ref)
         if found is None:
             agent = load_agent(ref)

@@ -21,6 +21,7 @@ import redis
 
 from kernel.errors import ConfigError
 from kernel.settings import Settings
+from router import fleet_config
 from router.admitter import Admitter
 from router.agents import AgentCache
 from router.broker import TaskPublisher, make_app
@@ -69,6 +70,24 @@ def load_gate_config(path: str) -> GateConfig | None:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"gate configuration {p}: {exc}") from None
     return GateConfig.from_mapping(data)
+
+
+def fleet_configuration(
+    client: redis.Redis, prefix: str, options: RouterOptions
+) -> tuple[AdmissionConfig, GateConfig | None]:
+    """The tenants and gates a router runs by: its files when it is given a tenants file (a
+    router on its own), otherwise the fleet's document in Redis (``reins config apply``), read
+    once at boot; a gates file given still replaces the document's gates."""
+    if options.tenants_file:
+        return AdmissionConfig.from_file(options.tenants_file), load_gate_config(options.gates_file)
+    fleet = fleet_config.load(client, prefix)
+    if fleet is None:
+        raise ConfigError(
+            "no tenant configuration: run 'reins config apply FILE' (the fleet's document in "
+            "Redis), or name a file with REINS_TENANTS_FILE or --tenants"
+        )
+    gates = load_gate_config(options.gates_file) if options.gates_file else fleet.gates
+    return fleet.admission, gates
 
 
 @dataclass
@@ -210,14 +229,9 @@ class RouterParts:
         feed.create_groups()
         membership = Membership.of(client, settings)
         replica = ReplicaRing(membership, options.name)
-        if not options.tenants_file:
-            raise ConfigError(
-                "REINS_TENANTS_FILE (or --tenants) must name the tenant configuration"
-            )
-        config = AdmissionConfig.from_file(options.tenants_file)
+        config, gate_config = fleet_configuration(client, prefix, options)
         observer.on_config(config)
-        gate_config = load_gate_config(options.gates_file)
-        agents = AgentCache()
+        agents = AgentCache(lambda ref: fleet_config.listed_anywhere(config, ref))
         custody = Custody(client, prefix)
         outbox = Outbox.wire(settings, custody, sender)
         admission = Admission(

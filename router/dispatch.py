@@ -334,6 +334,7 @@ class Dispatcher:
                 "b": backlogged,
                 "r": self.name,
                 "at": msg.admitted_at,
+                "w": round(wait_s, 4),  # the admission wait (GET /v1/usage reads it)
             }
         )
         self.figures.admitted += 1

@@ -26,6 +26,7 @@ from kernel.errors import (
     InvalidInput,
     SnapshotExists,
     SubmissionRefused,
+    UnknownAgent,
     UnknownTenant,
 )
 from kernel.events import (
@@ -120,6 +121,11 @@ class RouterApi:
             known = ", ".join(t.name for t in self.config.tenants)
             raise UnknownTenant(f"tenant {tenant!r} is not configured; known: {known}")
         job = self._job(body)
+        if not cfg.allows(job.agent):  # before anything is imported
+            raise UnknownAgent(
+                f"agent {job.agent!r} is not among those tenant {tenant!r} may run; "
+                f"allowed: {', '.join(cfg.agents or ()) or 'none'}"
+            )
         agent, _ = self.agents.get(job.agent)
         budget = agent.profile.budget.with_overrides(f"{k}={v}" for k, v in job.budget.items())
         now = self.clock()

@@ -74,6 +74,11 @@ class TenantConfig(_Frozen):
     largest_call_tokens: int = Field(ge=1, description="largest input + output allowance")
     budget_max: BudgetMaxima = BudgetMaxima()
     classes: tuple[ServiceClassConfig, ...] = ()
+    agents: tuple[str, ...] | None = Field(
+        None,
+        description="the agents (MODULE:AGENT) its jobs may name; None: not restricted, which "
+        "only a trusted in-process caller accepts (the fleet's document must list them)",
+    )
 
     @model_validator(mode="after")
     def _unique_classes(self) -> TenantConfig:
@@ -82,6 +87,10 @@ class TenantConfig(_Frozen):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ConfigError(f"tenant {self.name!r}: service class names repeat: {dup}")
         return self
+
+    def allows(self, agent: str) -> bool:
+        """True when a job of this tenant may name ``agent`` (no list: no restriction)."""
+        return self.agents is None or agent in self.agents
 
     @property
     def class_names(self) -> tuple[str, ...]:

@@ -35,12 +35,13 @@ from router.agents import AgentCache
 from router.broker import broker_keyprefix, queue_for, take_queued_turns
 from router.custody import Custody
 from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
+from router.fleet_config import ConfigSource, importable
 from router.gates import GateConfig
 from router.health import Beat, HealthServer
 from router.membership import Membership, Progress
 from router.redis_gates import RedisGates
 from store.redis_client import client_for
-from store.redis_store import RedisStore
+from worker.allowed import AllowListedStore
 from worker.celery_app import worker_app
 from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
@@ -82,9 +83,10 @@ class FleetWorker:
         self.name = options.name
         self.queue = queue_for(self.name)
         self.client = client if client is not None else client_for(settings)
-        self.store = RedisStore(
+        self.store = AllowListedStore(
             self.client, prefix=settings.key_prefix, retry_attempts=settings.redis_retry_attempts
         )
+        source = self.store.source = ConfigSource(self.client, settings.key_prefix)
         self.broker = (
             self.client
             if client is not None or settings.broker_url == settings.redis_url
@@ -104,7 +106,10 @@ class FleetWorker:
                 return shared(agent, settings, client_)
 
         tools = TurnTools(
-            AgentCache(), env if env is not None else os.environ, options.overrides, factory
+            AgentCache(importable(source)),
+            env if env is not None else os.environ,
+            options.overrides,
+            factory,
         )
         # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
         gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "admitter": "ops.bench.admitter",
     "store": "ops.bench.store",
     "fleet": "ops.bench.fleet",
+    "api": "ops.bench.api",
 }
 
 

@@ -20,8 +20,8 @@ import pytest
 
 from kernel.settings import PREFIX, Settings
 from ops.dashboard import DASHBOARD_PATH
+from router import fleet_config
 from router.gates import GateConfig
-from router.tenants import AdmissionConfig
 
 yaml = pytest.importorskip("yaml", reason="PyYAML parses the rendered chart")
 
@@ -30,6 +30,7 @@ CHART = ROOT / "helm" / "reins"
 #: Settings the fleet does not set, and why; every other field must be in the chart's env.
 NOT_FROM_THE_CHART = {
     "sqlite_path": "the embedded store only",
+    "tenants_file": "the fleet's document in Redis (reins config apply at router boot)",
     "scripted_latency_s": "scripted models only (settings.scripted_latency_s: null)",
 }
 
@@ -89,8 +90,10 @@ def test_default_render_has_the_fleet_and_no_service_monitor() -> None:
     assert kinds == [
         ("ConfigMap", "r-reins-config"),
         ("ConfigMap", "r-reins-dashboard"),
+        ("Deployment", "r-reins-api"),
         ("Deployment", "r-reins-router"),
         ("Deployment", "r-reins-worker"),
+        ("Service", "r-reins-api"),
         ("Service", "r-reins-router"),
         ("Service", "r-reins-worker-metrics"),
     ]
@@ -118,7 +121,7 @@ def test_worker_grace_period_covers_the_drain(sets: tuple[str, ...]) -> None:
     assert c["command"][0] not in ("sh", "bash", "/bin/sh")
 
 
-@pytest.mark.parametrize("component", ["router", "worker"])
+@pytest.mark.parametrize("component", ["router", "worker", "api"])
 def test_env_names_are_the_settings_fields(component: str) -> None:
     env = reins_env(container(render(), component))
     fields = {PREFIX + name.upper() for name in Settings.model_fields}
@@ -153,31 +156,39 @@ def test_a_setting_with_its_own_value_cannot_repeat_under_settings() -> None:
     assert "settings.redis_url has its own value" in done.stderr
 
 
-def test_tenants_configmap_is_a_valid_configuration_at_the_env_path() -> None:
+def test_the_configmap_is_a_fleet_document_the_routers_init_container_applies() -> None:
     docs = render()
     data = one(docs, "ConfigMap", "-config")["data"]
     (name,) = data  # no gates by default
-    AdmissionConfig.from_mapping(tomllib.loads(data[name]))
-    for component in ("router", "worker"):
+    admission, gates = fleet_config.parse_document(tomllib.loads(data[name]))
+    assert gates is None and all(t.agents for t in admission.tenants)
+    pod = one(docs, "Deployment", "-router")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (mount,) = [m for m in init["volumeMounts"] if m["name"] == "config"]
+    assert init["command"] == ["reins", "config", "apply"]
+    assert init["args"] == [f"{mount['mountPath']}/{name}"]
+    assert reins_env(init) == reins_env(container(docs, "router"))  # the same Redis and prefix
+    for component in ("router", "worker", "api"):
         c = container(docs, component)
-        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "config"]
-        assert reins_env(c)["REINS_TENANTS_FILE"]["value"] == f"{mount['mountPath']}/{name}"
+        assert "REINS_TENANTS_FILE" not in reins_env(c), "a process would read the file"
+        assert "config" not in {m["name"] for m in c["volumeMounts"]}
 
 
 GATES = '[routes."openai/gpt-4o-mini"]\nrpm = 500\ntpm = 200000\nconcurrency = 64\n'
 
 
 @pytest.mark.parametrize("sets", [(), ("worker.replicas=3", "gates.config=" + GATES)])
-@pytest.mark.parametrize("component", ["router", "worker"])
+@pytest.mark.parametrize("component", ["router", "worker", "api"])
 def test_commands_parse_with_the_reins_cli(component: str, sets: tuple[str, ...]) -> None:
     """The rendered command line is one the `reins` CLI accepts (parsed, not run)."""
     import typer
     import typer.main
 
-    from ops import cli_fleet
+    from ops import cli_admin, cli_fleet
 
     app = typer.Typer()
     cli_fleet.register(app)
+    cli_admin.register(app)
     group = typer.main.get_command(app)
     docs = render(*sets)
     c = container(docs, component)
@@ -186,10 +197,32 @@ def test_commands_parse_with_the_reins_cli(component: str, sets: tuple[str, ...]
     assert "--name=$(POD_NAME)" in c["args"]
     command = group.commands[c["command"][1]]  # type: ignore[attr-defined]
     command.make_context(component, list(c["command"][2:]) + list(c["args"]))
-    if sets and component == "router":
+    if component == "router":
+        (init,) = one(docs, "Deployment", "-router")["spec"]["template"]["spec"]["initContainers"]
+        config = group.commands["config"].commands["apply"]  # type: ignore[attr-defined]
+        config.make_context("apply", list(init["args"]))
         data = one(docs, "ConfigMap", "-config")["data"]
-        (gates,) = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--gates=")]
-        GateConfig.from_mapping(tomllib.loads(data[gates.rsplit("/", 1)[1]]))
+        gate_args = [a.split("=", 1)[1] for a in init["args"] if a.startswith("--gates=")]
+        assert len(gate_args) == (1 if sets else 0)
+        for gates in gate_args:
+            GateConfig.from_mapping(tomllib.loads(data[gates.rsplit("/", 1)[1]]))
+
+
+def test_the_api_service_reaches_the_api_and_its_probes_ask_readyz() -> None:
+    docs = render("api.port=9090")
+    service = one(docs, "Service", "-api")
+    pod = one(docs, "Deployment", "-api")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    c = container(docs, "api")
+    (http,) = [p for p in c["ports"] if p["name"] == port["targetPort"]]
+    assert http["containerPort"] == 9090 and "--port=9090" in c["args"]
+    assert "--host=0.0.0.0" in c["args"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # no other Service selects the API's pods, and none points at a router port nobody serves
+    router = container(docs, "router")
+    assert "http" not in {p["name"] for p in router["ports"]}
 
 
 def test_dashboard_configmap_holds_the_committed_json() -> None:
@@ -237,7 +270,7 @@ def test_metrics_are_scraped_by_annotations_or_service_monitor() -> None:
     for svc in scraped:
         assert "metrics" in [p["name"] for p in svc["spec"]["ports"]]
     router_ports = {p["name"] for p in one(docs, "Service", "-router")["spec"]["ports"]}
-    assert router_ports == {"http", "metrics"}
+    assert router_ports == {"metrics"}
 
 
 @pytest.mark.parametrize("component", ["router", "worker"])

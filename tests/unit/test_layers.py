@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("kernel", "store", "router", "worker", "ops", "examples")
+PACKAGES = ("kernel", "store", "router", "worker", "api", "ops", "examples")
 BIN = Path(sys.executable).parent
 
 

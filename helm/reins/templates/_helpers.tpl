@@ -40,10 +40,19 @@ app.kubernetes.io/component: {{ .component }}
 /etc/reins/{{ .Values.tenants.fileName }}
 {{- end }}
 
+{{/* Arguments of `reins config apply` in the router's init container. */}}
+{{- define "reins.configArgs" -}}
+- {{ include "reins.tenantsPath" . }}
+{{- if .Values.gates.config }}
+- --gates={{ include "reins.gatesPath" . }}
+{{- end }}
+{{- end }}
+
 {{/*
 The REINS_* environment of every reins container: the one list of settings (kernel/settings.py).
-A setting with its own value (URLs, tenants file, concurrency, drain grace, the metrics and
-probe endpoints) is set here by name;
+A setting with its own value (URLs, concurrency, drain grace, the metrics and probe endpoints) is
+set here by name; no process gets REINS_TENANTS_FILE: the fleet's configuration is the document
+in Redis, applied at router boot;
 every other one comes from .Values.settings, so a new setting is one line in values.yaml.
 */}}
 {{- define "reins.env" -}}
@@ -76,8 +85,6 @@ every other one comes from .Values.settings, so a new setting is one line in val
 {{- else }}
   value: {{ required "broker.url is required" .Values.broker.url | quote }}
 {{- end }}
-- name: REINS_TENANTS_FILE
-  value: {{ include "reins.tenantsPath" . | quote }}
 - name: REINS_WORKER_CONCURRENCY
   value: {{ .Values.worker.concurrency | int | toString | quote }}
 - name: REINS_DRAIN_GRACE_S
@@ -105,9 +112,6 @@ every other one comes from .Values.settings, so a new setting is one line in val
 {{/* Arguments: the pod's name is its ring member (worker) or replica (router) name. */}}
 {{- define "reins.routerArgs" -}}
 - --name=$(POD_NAME)
-{{- if .Values.gates.config }}
-- --gates={{ include "reins.gatesPath" . }}
-{{- end }}
 {{- with .Values.router.extraArgs }}
 {{ toYaml . }}
 {{- end }}

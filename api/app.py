@@ -1,0 +1,64 @@
+"""The HTTP API of a reins fleet (``reins api``): FastAPI over the router's in-process API.
+
+:func:`create_app` builds the application over a :class:`~api.front.Front` (wired from the
+settings unless given); nothing connects at import. Routes: :mod:`api.routes` (trajectories,
+approvals, usage) and :mod:`api.fleet_routes` (the operator's ring, drain, remove); errors are
+problem details (:mod:`api.problems`). Design: ``docs/adr/0110-api.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse
+
+from api import fleet_routes, problems, routes
+from api.auth import front_of
+from api.front import Front
+from api.limits import BodyLimit
+from kernel.settings import Settings
+
+
+def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
+    """The application; ``front`` replaces the parts wired from ``settings`` (tests)."""
+    parts = front if front is not None else Front.wire(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await parts.aclose()
+
+    app = FastAPI(
+        title="reins",
+        version="1",
+        description="Run LLM-agent trajectories under budgets, approvals and fair shares.",
+        lifespan=lifespan,
+    )
+    app.state.front = parts
+    app.add_middleware(BodyLimit)
+    problems.install(app)
+    app.include_router(routes.router)
+    app.include_router(fleet_routes.router)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, bool]:
+        """The process answers."""
+        return {"ok": True}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready"}})
+    def readyz(request: Request) -> JSONResponse:
+        """Redis answers and the fleet's configuration is applied."""
+        front = front_of(request)
+        try:
+            front.client.ping()
+            fleet = front.config.peek()
+        except Exception as exc:  # any failure to read Redis means not ready
+            return JSONResponse({"ready": False, "why": f"redis: {exc}"}, 503)
+        if fleet is None:
+            why = "no fleet configuration: run reins config apply FILE"
+            return JSONResponse({"ready": False, "why": why}, 503)
+        return JSONResponse({"ready": True, "config_version": fleet.version})
+
+    return app

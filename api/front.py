@@ -1,0 +1,173 @@
+"""What the API process holds: the store, the feed, the fleet's configuration, the keys, and a
+router API (:class:`router.submit.RouterApi`) over them that never admits.
+
+The API queues a new trajectory with a notice on the feed, as a worker does (a router admits
+it); it sends only what a decision or a control request itself asks (the tool dispatch an
+approval admits), through the broker, its custody written first. Its router API is rebuilt
+when the configuration's version changes. It writes no configuration and no gate limits.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from api.idempotency import IdempotencyKeys, body_digest
+from api.keys import KeyRing
+from api.problems import Problem
+from kernel.errors import SnapshotNotFound, UnknownAgent
+from kernel.settings import Settings
+from router.agents import AgentCache
+from router.broker import TaskPublisher, make_app
+from router.custody import Custody
+from router.feed import Feed
+from router.fleet_config import ConfigSource, FleetConfig, importable
+from router.membership import Membership
+from router.ring import Ring
+from router.submit import RouterApi, Submitted
+from store.redis_client import client_for
+from store.redis_store import RedisStore
+
+#: How long the API trusts a key's last answer: a revocation takes effect within this.
+KEYS_REMEMBERED_S = 5.0
+
+
+@dataclass
+class Front:
+    """The API's parts, wired from settings; see the module docstring."""
+
+    settings: Settings
+    client: redis.Redis
+    store: RedisStore
+    feed: Feed
+    config: ConfigSource
+    keys: KeyRing
+    idempotency: IdempotencyKeys
+    membership: Membership
+    agents: AgentCache = field(default_factory=AgentCache)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _send_lock: threading.Lock = field(default_factory=threading.Lock)
+    _api: tuple[int, RouterApi] | None = None
+    _publisher: TaskPublisher | None = None
+    _custody: Custody | None = None
+    _tail: Any = None  # redis.asyncio.Redis, built on first use (in the event loop's process)
+
+    @classmethod
+    def wire(cls, settings: Settings, client: redis.Redis | None = None) -> Front:
+        """Connect to the store's Redis (nothing is written)."""
+        client = client if client is not None else client_for(settings)
+        prefix = settings.key_prefix
+        config = ConfigSource(client, prefix)
+        return cls(
+            settings=settings,
+            client=client,
+            store=RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts),
+            feed=Feed(client, prefix),
+            config=config,
+            agents=AgentCache(importable(config)),
+            keys=KeyRing(client, prefix, remember_s=KEYS_REMEMBERED_S),
+            idempotency=IdempotencyKeys(client, prefix),
+            membership=Membership.of(client, settings),
+        )
+
+    def tail(self) -> Any:
+        """An asyncio Redis client of the store's server (event streams read with it)."""
+        if self._tail is None:
+            self._tail = redis.asyncio.Redis.from_url(
+                self.settings.redis_url,
+                socket_connect_timeout=self.settings.redis_connect_timeout_s,
+                socket_timeout=self.settings.redis_timeout_s,
+            )
+        return self._tail
+
+    async def aclose(self) -> None:
+        """Close the asyncio client (the app's shutdown)."""
+        if self._tail is not None:
+            await self._tail.aclose()
+            self._tail = None
+
+    def fleet(self) -> FleetConfig:
+        """The configuration in force (ConfigError: none applied)."""
+        return self.config.current()
+
+    def router_api(self) -> RouterApi:
+        """The router API over the configuration in force."""
+        fleet = self.fleet()
+        with self._lock:
+            if self._api is None or self._api[0] != fleet.version:
+                api = RouterApi(
+                    store=self.store,
+                    feed=self.feed,
+                    config=fleet.admission,
+                    agents=self.agents,
+                    gate_config=fleet.gates,
+                    admitter=None,
+                    sender=self._send,
+                    ring=self._ring,
+                )
+                self._api = (fleet.version, api)
+            return self._api[1]
+
+    def _ring(self) -> Ring:
+        return self.membership.build_ring()
+
+    def _send(self, member: str, payload: dict[str, Any]) -> None:
+        """Send a turn message now, its custody entry first (one at a time: custody buffers)."""
+        with self._send_lock:
+            if self._publisher is None or self._custody is None:
+                broker = client_for(self.settings, broker=True)
+                self._publisher = TaskPublisher(make_app(self.settings), broker, self.settings)
+                self._custody = Custody(self.client, self.settings.key_prefix)
+            self._custody.sending(self._publisher.send)(member, payload)
+
+    def submit(
+        self, tenant: str, body: dict[str, Any], idempotency_key: str | None
+    ) -> tuple[Submitted, bool]:
+        """Create a trajectory of ``body`` for ``tenant``; see :meth:`RouterApi.submit`.
+
+        The agent is checked against the tenant's allow-list before anything is imported.
+        With ``idempotency_key``, a repeat names the trajectory already created for it (the
+        second item is False then).
+        """
+        fleet = self.fleet()
+        if not fleet.allows(tenant, str(body.get("agent", ""))):
+            raise UnknownAgent(
+                f"agent {body.get('agent')!r} is not among the agents your tenant may run; "
+                "ask the operator to add it to the tenant's agents and apply the configuration"
+            )
+        api = self.router_api()
+        if idempotency_key is None:
+            return api.submit(tenant, body), True
+        claim = self.idempotency.claim(tenant, idempotency_key, body)
+        if not claim.fresh:
+            return self._repeat(tenant, body, claim.body_digest, claim.trajectory_id), False
+        try:
+            return api.submit(tenant, {**body, "trajectory_id": claim.trajectory_id}), True
+        except Exception:
+            self.idempotency.release(tenant, idempotency_key)
+            raise
+
+    def _repeat(self, tenant: str, body: dict[str, Any], digest: str, tid: str) -> Submitted:
+        if body_digest(body) != digest:
+            raise Problem(
+                422,
+                "Idempotency key reused",
+                "this Idempotency-Key was used with another body; use a new key for a new job",
+                field="Idempotency-Key",
+                kind="idempotency-key-reused",
+            )
+        try:
+            rec = self.store.load(tenant, tid)
+        except SnapshotNotFound:
+            raise Problem(
+                409,
+                "In progress",
+                "a submission with this Idempotency-Key is still being created; retry shortly",
+                field="Idempotency-Key",
+                kind="idempotency-key-in-progress",
+            ) from None
+        return Submitted(tenant, tid, rec.record_version, 0, 0, "")

@@ -1,0 +1,297 @@
+"""The tenant's endpoints: submit, list, show, follow, trace, control, approvals, usage.
+
+Every handler takes its tenant from the caller's key (:mod:`api.auth`) and reads or writes only
+under it: another tenant's id is looked up in the caller's tenant, where it does not exist, so
+it gets the very 404 an id that exists nowhere gets. Refusals change nothing (the router API
+validates before it writes).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from api.auth import Authenticated, front_of, need
+from api.events import ChainFollower, parse_last_event_id
+from api.keys import Scope
+from api.problems import Problem, from_reins, not_found
+from api.usage import recent_admissions, usage_of
+from api.views import (
+    Acknowledged,
+    Approvals,
+    ControlRequest,
+    DecisionRequest,
+    HeldApproval,
+    JobRequest,
+    Page,
+    Submitted,
+    Trajectory,
+    Usage,
+    held_of,
+    trajectory_of,
+)
+from kernel.errors import InvalidBudget, InvalidInput, SnapshotNotFound
+from kernel.record import ApprovalStatus, ControlKind, TrajectoryRecord
+from kernel.states import LifecycleState
+from kernel.trace import postmortem, spans_from_chain
+
+router = APIRouter(prefix="/v1", tags=["trajectories"])
+TrajectoryId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such trajectory"}}
+
+
+def _load(request: Request, tenant: str, trajectory_id: str) -> TrajectoryRecord:
+    try:
+        return front_of(request).store.load(tenant, trajectory_id)
+    except SnapshotNotFound:
+        raise not_found() from None
+
+
+def _refusal_field(exc: InvalidInput) -> str | None:
+    text = str(exc)
+    if isinstance(exc, InvalidBudget) or "budget" in text:
+        return "budget"
+    if "service class" in text:
+        return "service_class"
+    return "agent" if "agent" in text else None
+
+
+@router.post("/trajectories", status_code=201, response_model=Submitted)
+async def submit(
+    job: JobRequest,
+    grant: Authenticated,
+    request: Request,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Submitted:
+    """Create a trajectory for the key's tenant; the agent must be on its allow-list."""
+    tenant = need(grant, Scope.SUBMIT)
+    body = job.model_dump(exclude_none=True)
+    try:
+        done, created = front_of(request).submit(tenant, body, idempotency_key)
+    except InvalidInput as exc:
+        if "max_ready" in str(exc):  # the tenant's backlog is full: back off, not a bad job
+            raise Problem(429, "Backlog full", str(exc), headers={"Retry-After": "5"}) from None
+        problem = from_reins(exc)
+        problem.field = problem.field or _refusal_field(exc)
+        raise problem from None
+    state = LifecycleState.READY
+    if not created:  # the trajectory this key already named, as it stands now
+        response.status_code = 200
+        state = front_of(request).store.load(tenant, done.trajectory_id).state
+    response.headers["Location"] = f"/v1/trajectories/{done.trajectory_id}"
+    return Submitted(
+        trajectory_id=done.trajectory_id, version=done.version, state=state.value, created=created
+    )
+
+
+@router.get("/trajectories", response_model=Page)
+def list_trajectories(
+    grant: Authenticated,
+    request: Request,
+    state: LifecycleState | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 50,
+    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,9}$")] = None,
+) -> Page:
+    """The tenant's trajectories (in ``state``), a page at a time; ``cursor`` from the last."""
+    tenant = need(grant, Scope.READ)
+    store, offset = front_of(request).store, int(cursor or 0)
+    if state is None:
+        ids = store.list(tenant)[offset : offset + limit]
+    else:
+        ids = store.page(tenant, state, offset, limit)
+    items = []
+    for tid in ids:
+        try:
+            items.append(trajectory_of(store.load(tenant, tid)))
+        except SnapshotNotFound:
+            continue
+    more = len(ids) == limit
+    return Page(items=items, next_cursor=str(offset + limit) if more else None)
+
+
+@router.get("/trajectories/{trajectory_id}", response_model=Trajectory, responses=NOT_FOUND)
+def show(
+    trajectory_id: TrajectoryId,
+    grant: Authenticated,
+    request: Request,
+    response: Response,
+    if_none_match: Annotated[str | None, Header(max_length=100)] = None,
+) -> Trajectory | Response:
+    """One trajectory: state, stop reason, closing message, spend, held approval; its record
+    version is the ETag (``If-None-Match`` with it: 304 while nothing changed)."""
+    rec = _load(request, need(grant, Scope.READ), trajectory_id)
+    etag = f'"{rec.record_version}"'
+    if if_none_match == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return trajectory_of(rec)
+
+
+@router.get(
+    "/trajectories/{trajectory_id}/events",
+    responses={**NOT_FOUND, 200: {"content": {"text/event-stream": {}}}},
+)
+def events(
+    trajectory_id: TrajectoryId,
+    grant: Authenticated,
+    request: Request,
+    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+    follow: bool = True,
+) -> StreamingResponse:
+    """The execution chain as Server-Sent Events until the run stops (``follow=false``: the
+    rows written so far); resumable with ``Last-Event-ID``."""
+    tenant = need(grant, Scope.READ)
+    _load(request, tenant, trajectory_id)
+    try:
+        after = parse_last_event_id(last_event_id)
+    except ValueError:
+        raise Problem(
+            422, "Invalid request", "Last-Event-ID must be a chain index", field="Last-Event-ID"
+        ) from None
+    front = front_of(request)
+    follower = ChainFollower(front.tail(), front.store, tenant, trajectory_id)
+    return StreamingResponse(
+        follower.events(after, follow),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/trajectories/{trajectory_id}/trace", responses=NOT_FOUND)
+def trace(trajectory_id: TrajectoryId, grant: Authenticated, request: Request) -> dict[str, Any]:
+    """The span tree and post-mortem of the trajectory's chain."""
+    tenant = need(grant, Scope.READ)
+    rec = _load(request, tenant, trajectory_id)
+    rows = front_of(request).store.read(tenant, trajectory_id)
+    spans = spans_from_chain(rows, rec.agent)
+    return {
+        "trajectory_id": trajectory_id,
+        "spans": [s.model_dump(mode="json") for s in spans],
+        "postmortem": postmortem(rows),
+    }
+
+
+@router.post(
+    "/trajectories/{trajectory_id}/{control}", response_model=Acknowledged, responses=NOT_FOUND
+)
+def control(
+    trajectory_id: TrajectoryId,
+    control: ControlKind,
+    grant: Authenticated,
+    request: Request,
+    body: ControlRequest | None = None,
+) -> Acknowledged:
+    """Pause, resume, cancel, kill or interrupt, as the key's principal."""
+    tenant = need(grant, Scope.CONTROL)
+    _load(request, tenant, trajectory_id)
+    api = front_of(request).router_api()
+    instructions = body.instructions if body is not None else None
+    ack = api.control(tenant, trajectory_id, control, grant.principal, instructions=instructions)
+    rec = _load(request, tenant, trajectory_id)
+    return Acknowledged(
+        trajectory_id=trajectory_id, version=rec.record_version, state=rec.state.value, detail=ack
+    )
+
+
+@router.get("/approvals", response_model=Approvals, tags=["approvals"])
+def approvals(grant: Authenticated, request: Request) -> Approvals:
+    """Every approval held in the tenant, oldest trajectory id first."""
+    tenant = need(grant, Scope.READ)
+    store = front_of(request).store
+    items: list[HeldApproval] = []
+    for rec in store.records(tenant, LifecycleState.AWAITING_APPROVAL):
+        held = held_of(rec)
+        if held is not None and held.status == ApprovalStatus.HELD.value:
+            items.append(held)
+    return Approvals(items=items)
+
+
+def _check_decision(rec: TrajectoryRecord, approval_id: str, body: DecisionRequest) -> None:
+    held = rec.held
+    if held is None or held.approval_id != approval_id:
+        raise not_found("approval")
+    if held.status is not ApprovalStatus.HELD:
+        raise Problem(
+            409,
+            "Approval closed",
+            f"approval {approval_id} is {held.status.value}; nothing was changed",
+            field="approval_id",
+        )
+    if held.expires_at <= time.time():
+        raise Problem(
+            409,
+            "Approval expired",
+            f"approval {approval_id} expired; the run will not do this action",
+            field="approval_id",
+        )
+    if body.version != held.held_version:
+        raise Problem(
+            409,
+            "Wrong version",
+            f"the approval is held at version {held.held_version}, not {body.version}; "
+            "show the trajectory again and review what it holds now",
+            field="version",
+        )
+    if body.digest != held.digest:
+        raise Problem(
+            409,
+            "Wrong digest",
+            "the digest is not the held action's; show the trajectory again and review it",
+            field="digest",
+        )
+
+
+@router.post(
+    "/trajectories/{trajectory_id}/approvals/{approval_id:path}",
+    response_model=Acknowledged,
+    responses=NOT_FOUND,
+    tags=["approvals"],
+)
+def decide(
+    trajectory_id: TrajectoryId,
+    approval_id: Annotated[str, Path(max_length=200)],
+    body: DecisionRequest,
+    grant: Authenticated,
+    request: Request,
+) -> Acknowledged:
+    """Approve or deny a held action, naming its version and digest; the reviewer is the
+    key's principal, who must be among the agent's reviewers."""
+    tenant = need(grant, Scope.DECIDE)
+    rec = _load(request, tenant, trajectory_id)
+    _check_decision(rec, approval_id, body)
+    result = (
+        front_of(request)
+        .router_api()
+        .decide(
+            tenant,
+            trajectory_id,
+            approval_id=approval_id,
+            held_version=body.version,
+            digest=body.digest,
+            reviewer=grant.principal,
+            approve=body.decision == "approve",
+        )
+    )
+    after = result.record
+    return Acknowledged(
+        trajectory_id=trajectory_id,
+        version=after.record_version,
+        state=after.state.value,
+        detail={"decision": body.decision, "reviewer": grant.principal},
+    )
+
+
+@router.get("/usage", response_model=list[Usage], tags=["usage"])
+def usage(grant: Authenticated, request: Request) -> list[Usage]:
+    """The key's tenant's weight, share, backlog and waits (every tenant's, for an operator)."""
+    front = front_of(request)
+    config = front.fleet().admission
+    if grant.has(Scope.OPERATOR):
+        tenants = [t.name for t in config.tenants]
+    else:
+        tenants = [need(grant, Scope.READ)]
+    return usage_of(tenants, config, front.store, recent_admissions(front.client, front.feed))

@@ -1,0 +1,173 @@
+"""What the API shows: trajectories, held approvals and spend, as response models built from
+records. Nothing here reads or writes; each builder is a function of one record."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernel.amounts import Dimension
+from kernel.record import ControlKind, TrajectoryRecord
+
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class Strict(BaseModel):
+    """A request body: unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobRequest(Strict):
+    """``POST /v1/trajectories``: what to run and for whom; never the tenant (from the key)."""
+
+    agent: str = Field(min_length=3, max_length=300, description="MODULE:AGENT, allow-listed")
+    goal: str = Field(min_length=1, max_length=20_000)
+    user: str = Field(min_length=1, max_length=200, description="the end user the run acts for")
+    budget: dict[str, int | float | str] = Field(
+        default_factory=dict, max_length=16, description="budget overrides, e.g. max_steps"
+    )
+    service_class: str | None = Field(None, max_length=64)
+
+
+class ControlRequest(Strict):
+    """``POST /v1/trajectories/{id}/{control}``: optional instructions (interrupt)."""
+
+    instructions: str | None = Field(None, max_length=4000)
+
+
+class DecisionRequest(Strict):
+    """``POST /v1/trajectories/{id}/approvals/{approval_id}``: exactly what was reviewed."""
+
+    decision: Literal["approve", "deny"]
+    version: int = Field(ge=1, description="held_version of the approval as shown")
+    digest: str = Field(min_length=1, max_length=128, description="digest as shown")
+
+
+class Spend(BaseModel):
+    """One budget dimension: the allowance against what was spent and what is reserved."""
+
+    allowance: str
+    spent: str
+    reserved: str
+
+
+class HeldApproval(BaseModel):
+    """A proposal held for a reviewer: what to name in the decision, and what it would do."""
+
+    approval_id: str
+    trajectory_id: str
+    version: int
+    digest: str
+    tool: str
+    arguments: dict[str, Any]
+    expires_at: float
+    status: str
+
+
+class Trajectory(BaseModel):
+    """One trajectory as its tenant sees it."""
+
+    trajectory_id: str
+    state: str
+    version: int
+    agent: str
+    user: str
+    goal: str
+    submitted_at: float
+    stop_reason: str | None
+    closing_message: str | None
+    turn: int
+    budget: dict[str, Spend]
+    held_approval: HeldApproval | None
+    pending_control: str | None
+
+
+class Submitted(BaseModel):
+    """A job accepted (or the one an idempotency key already named)."""
+
+    trajectory_id: str
+    version: int
+    state: str
+    created: bool
+
+
+class Page(BaseModel):
+    """A page of trajectories; ``next_cursor`` is None on the last page."""
+
+    items: list[Trajectory]
+    next_cursor: str | None
+
+
+class Approvals(BaseModel):
+    """Every approval held in the caller's tenant."""
+
+    items: list[HeldApproval]
+
+
+class Acknowledged(BaseModel):
+    """A control request or a decision carried out."""
+
+    trajectory_id: str
+    version: int
+    state: str
+    detail: dict[str, Any]
+
+
+class Usage(BaseModel):
+    """One tenant's share of the admitted charge against its weight, its backlog and waits."""
+
+    tenant: str
+    weight: float
+    weight_share: float
+    admitted_share: float
+    admissions: int
+    backlog: int
+    wait_p50_s: float | None
+    wait_p99_s: float | None
+
+
+CONTROLS = tuple(k.value for k in ControlKind)
+
+
+def held_of(rec: TrajectoryRecord) -> HeldApproval | None:
+    """The record's held proposal, or None."""
+    held = rec.held
+    if held is None:
+        return None
+    return HeldApproval(
+        approval_id=held.approval_id,
+        trajectory_id=rec.trajectory_id,
+        version=held.held_version,
+        digest=held.digest,
+        tool=held.tool,
+        arguments=held.args,
+        expires_at=held.expires_at,
+        status=held.status.value,
+    )
+
+
+def trajectory_of(rec: TrajectoryRecord) -> Trajectory:
+    """The view of one record."""
+    budget = {}
+    for dim in Dimension:
+        acct = rec.ledger.account(dim)
+        budget[dim.value] = Spend(
+            allowance=str(acct.allowance), spent=str(acct.actual), reserved=str(acct.reserved)
+        )
+    return Trajectory(
+        trajectory_id=rec.trajectory_id,
+        state=rec.state.value,
+        version=rec.record_version,
+        agent=rec.agent,
+        user=rec.user,
+        goal=rec.goal,
+        submitted_at=rec.submitted_at,
+        stop_reason=rec.stop_reason.value if rec.stop_reason else None,
+        closing_message=rec.closing_message,
+        turn=rec.turn,
+        budget=budget,
+        held_approval=held_of(rec),
+        pending_control=rec.pending_control.kind.value if rec.pending_control else None,
+    )

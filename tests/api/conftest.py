@@ -1,0 +1,104 @@
+"""Fixtures of the API tests: the fleet's document applied under the test's prefix, API keys,
+and the application over the real Redis (in process, through httpx's ASGI transport)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.front import Front
+from api.keys import KeyRing, Scope
+from kernel.settings import Settings
+from ops.fleet_local import LocalFleet
+from router import fleet_config
+from tests.api.processes import fleet_env, start_api
+from tests.conftest import REDIS_URL
+
+AGENT = "examples.support_store:agent"
+TENANTS = ("acme", "globex")
+
+
+def fleet_toml(agents: tuple[str, ...] = (AGENT,)) -> str:
+    """Two tenants, each allowed ``agents``."""
+    listed = ", ".join(f'"{a}"' for a in agents)
+    parts = ["quantum_tokens = 1000\ncredit_cap_tokens = 12000\n"]
+    for name, weight in zip(TENANTS, (3, 1), strict=True):
+        parts.append(
+            f'[[tenants]]\nname = "{name}"\nweight = {weight}\nmax_ready = 1000\n'
+            f"largest_call_tokens = 8000\nagents = [{listed}]\n"
+        )
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def fleet_file(tmp_path: Path) -> Path:
+    path = tmp_path / "fleet.toml"
+    path.write_text(fleet_toml())
+    return path
+
+
+@pytest.fixture
+def api_env(key_prefix: str) -> dict[str, str]:
+    return {
+        "REINS_KEY_PREFIX": key_prefix,
+        "REINS_REDIS_URL": REDIS_URL,
+        "REINS_BROKER_URL": REDIS_URL,
+    }
+
+
+@pytest.fixture
+def applied(redis_client: redis.Redis, key_prefix: str, fleet_file: Path) -> int:
+    """The fleet's document, applied under this test's prefix; its version."""
+    return fleet_config.apply(redis_client, key_prefix, fleet_config.read_file(fleet_file))
+
+
+@dataclass(frozen=True)
+class Keys:
+    """API keys of the tests: every tenant scope per tenant, narrower ones, an operator's."""
+
+    acme: str
+    globex: str
+    acme_read_only: str
+    operator: str
+
+    def auth(self, key: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def keys(redis_client: redis.Redis, key_prefix: str) -> Keys:
+    ring = KeyRing(redis_client, key_prefix)
+    every = {Scope.SUBMIT, Scope.READ, Scope.CONTROL, Scope.DECIDE}
+    return Keys(
+        acme=ring.create("acme", "reviewer", every)[0],
+        globex=ring.create("globex", "reviewer", every)[0],
+        acme_read_only=ring.create("acme", "auditor", {Scope.READ})[0],
+        operator=ring.create(None, "ops", {Scope.OPERATOR})[0],
+    )
+
+
+@pytest.fixture
+def http(api_env: dict[str, str], redis_client: redis.Redis, applied: int) -> Iterator[TestClient]:
+    """The API in this process over the real Redis (nothing listens on a port)."""
+    settings = Settings.from_env(api_env)
+    app = create_app(settings, Front.wire(settings, client=redis_client))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.fixture
+def api_url(
+    key_prefix: str, tmp_path: Path, redis_client: redis.Redis, applied: int
+) -> Iterator[str]:
+    """The API as a process of its own (no router, no worker) on a loopback port."""
+    processes = LocalFleet(fleet_env(key_prefix), tmp_path, redis_client)
+    try:
+        yield start_api(processes)
+    finally:
+        processes.close()
