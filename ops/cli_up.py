@@ -148,10 +148,12 @@ def _next_steps(url: str, keys: dict[str, str], home: Path) -> None:
     tenant = next(name for name in keys if name != "operator")
     console.print(f"\n[bold]reins is up[/] at {url} (OpenAPI: {url}/docs); logs in {home}/logs")
     console.print(f"keys in {home}/keys. As tenant {tenant}:\n")
-    console.print(f"  export REINS_API_URL={url} REINS_API_KEY={keys[tenant]}")
+    # Commands to copy: never wrapped at the terminal's width (a wrapped line breaks them).
+    console.print(f"  export REINS_API_URL={url} REINS_API_KEY={keys[tenant]}", soft_wrap=True)
     console.print(
         '  reins submit --agent examples.support_store:agent --goal "refund the damaged item '
-        'on order ord_1001" --follow\n'
+        'on order ord_1001" --follow\n',
+        soft_wrap=True,
     )
     console.print("Ctrl-C stops everything started here.")
 
