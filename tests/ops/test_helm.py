@@ -174,6 +174,15 @@ def test_the_configmap_is_a_fleet_document_the_routers_init_container_applies() 
         assert "config" not in {m["name"] for m in c["volumeMounts"]}
 
 
+def test_a_changed_configuration_rolls_the_routers_that_read_it_at_boot() -> None:
+    def checksum(docs: tuple[dict[str, Any], ...]) -> str:
+        pod = one(docs, "Deployment", "-router")["spec"]["template"]
+        return str(pod["metadata"]["annotations"]["checksum/config"])
+
+    assert checksum(render()) == checksum(render())
+    assert checksum(render()) != checksum(render("gates.config=" + GATES))
+
+
 GATES = '[routes."openai/gpt-4o-mini"]\nrpm = 500\ntpm = 200000\nconcurrency = 64\n'
 
 
