@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -25,7 +24,7 @@ import redis
 
 from kernel.errors import ConfigError
 from router.gates import GateConfig
-from router.tenants import AdmissionConfig
+from router.tenants import AdmissionConfig, read_document
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,23 +88,7 @@ def parse_document(data: Mapping[str, Any]) -> tuple[AdmissionConfig, GateConfig
 
 def read_file(path: str | Path) -> dict[str, Any]:
     """A ``.toml`` or ``.json`` document as a mapping; dollar amounts parse as Decimal."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"fleet configuration {p}: cannot read: {exc.strerror}") from None
-    try:
-        if p.suffix == ".toml":
-            data = tomllib.loads(raw.decode(), parse_float=Decimal)
-        elif p.suffix == ".json":
-            data = json.loads(raw, parse_float=Decimal)
-        else:
-            raise ConfigError(f"fleet configuration {p}: expected a .toml or .json file")
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"fleet configuration {p}: not valid {p.suffix[1:]}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"fleet configuration {p}: the document must be a table/object")
-    return data
+    return read_document(path, "fleet configuration")
 
 
 def _plain(value: Any) -> Any:

@@ -164,24 +164,29 @@ class AdmissionConfig(_Frozen):
     @classmethod
     def from_file(cls, path: str | Path) -> AdmissionConfig:
         """Load a ``.toml`` or ``.json`` file; dollar amounts parse as Decimal, never float."""
-        p = Path(path)
-        try:
-            raw = p.read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"tenant configuration {p}: cannot read: {exc.strerror}") from None
-        try:
-            if p.suffix == ".toml":
-                data = tomllib.loads(raw.decode(), parse_float=Decimal)
-            elif p.suffix == ".json":
-                data = json.loads(raw, parse_float=Decimal)
-            else:
-                raise ConfigError(f"tenant configuration {p}: expected a .toml or .json file")
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            kind = p.suffix[1:]
-            raise ConfigError(f"tenant configuration {p}: not valid {kind}: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"tenant configuration {p}: the document must be a table/object")
-        return cls.from_mapping(data)
+        return cls.from_mapping(read_document(path, "tenant configuration"))
+
+
+def read_document(path: str | Path, what: str) -> dict[str, Any]:
+    """A ``.toml`` or ``.json`` file as a mapping, dollar amounts as Decimal (never float); a
+    :class:`ConfigError` naming ``what`` and the file when it cannot be read or parsed."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{what} {p}: cannot read: {exc.strerror}") from None
+    try:
+        if p.suffix == ".toml":
+            data = tomllib.loads(raw.decode(), parse_float=Decimal)
+        elif p.suffix == ".json":
+            data = json.loads(raw, parse_float=Decimal)
+        else:
+            raise ConfigError(f"{what} {p}: expected a .toml or .json file")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what} {p}: not valid {p.suffix[1:]}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {p}: the document must be a table/object")
+    return data
 
 
 def _where(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
