@@ -211,3 +211,26 @@ def test_napkin_10_3_leading_dimension() -> None:
     no_reuse = meter(reuse=False)
     assert round(no_reuse.dollars * 100, 1) == 79.1
     assert no_reuse.leading() == "dollars"
+
+
+def test_used_fractions_keep_active_time_and_wall_clock_apart() -> None:
+    # The napkin's deadline and wall-clock limit are equal, so it cannot tell them apart.
+    budget = Budget.build(
+        max_steps=10,
+        max_tool_calls=4,
+        max_tokens=10_000,
+        max_output_tokens=200,
+        max_cost=D("1.00"),
+        deadline_s=600,
+        wall_clock_s=2_400,
+    )
+    rec = TrajectoryRecord.create(
+        trajectory_id="t", tenant="x", user="u", goal="g", agent="a:b", budget=budget, now=100.0
+    )
+    rec.active_s = 150.0  # model and tool time so far
+    rec.ledger.admit("t1", model_call_liability(PRICE_3_15, 1_000, 200))
+    f = used_fractions(rec, now=1_300.0)
+    assert f.active_time == pytest.approx(0.25)  # 150 s of a 600 s deadline
+    assert f.wall_clock == pytest.approx(0.5)  # 1,200 s since submission of 2,400 s
+    assert f.steps == pytest.approx(0.1) and f.tool_calls == 0
+    assert f.leading() == "wall_clock"
