@@ -4,35 +4,20 @@ straight on its Redis (``REINS_REDIS_URL``, ``REINS_KEY_PREFIX``); an operator r
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-import redis
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from api.keys import KeyRing, Scope, grant_summary
 from kernel.errors import InvalidInput
-from kernel.settings import Settings
+from ops.cli_redis import fleet_redis
 from router import fleet_config
-from store.redis_client import client_for
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys: create, list, revoke.")
 config_app = typer.Typer(no_args_is_help=True, help="The fleet's configuration in Redis.")
 console = Console()
-
-
-@contextmanager
-def _redis() -> Iterator[tuple[Settings, redis.Redis]]:
-    settings = Settings.from_env(os.environ)
-    client = client_for(settings)
-    try:
-        yield settings, client
-    finally:
-        client.close()
 
 
 def _scopes(raw: list[str]) -> set[Scope]:
@@ -54,7 +39,7 @@ def create_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Create an API key; it is printed once and stored only as its hash."""
-    with _redis() as (settings, client):
+    with fleet_redis() as (settings, client):
         key, grant = KeyRing(client, settings.key_prefix).create(
             tenant, principal, _scopes(scope), note
         )
@@ -68,7 +53,7 @@ def create_cmd(
 @keys_app.command("list")
 def list_cmd(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Every live key: id, tenant, principal, scopes (never the key)."""
-    with _redis() as (settings, client):
+    with fleet_redis() as (settings, client):
         grants = [grant_summary(g) for g in KeyRing(client, settings.key_prefix).grants()]
     if as_json:
         sys.stdout.write(json.dumps({"keys": grants}) + "\n")
@@ -85,7 +70,7 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="print one JSON 
 @keys_app.command("revoke")
 def revoke_cmd(key_id: str = typer.Argument(..., help="the key id (reins keys list)")) -> None:
     """Revoke a key: its next request is refused."""
-    with _redis() as (settings, client):
+    with fleet_redis() as (settings, client):
         if not KeyRing(client, settings.key_prefix).revoke(key_id):
             raise InvalidInput(f"no key {key_id!r}; reins keys list shows the live ones")
     console.print(f"key {key_id} revoked")
@@ -102,7 +87,7 @@ def apply_cmd(
     data = fleet_config.read_file(path)
     if gates:
         data["gates"] = fleet_config.read_file(gates)
-    with _redis() as (settings, client):
+    with fleet_redis() as (settings, client):
         version = fleet_config.apply(client, settings.key_prefix, data)
     console.print(
         f"fleet configuration v{version} applied; the API and workers read it within seconds, "
@@ -113,7 +98,7 @@ def apply_cmd(
 @config_app.command("show")
 def show_cmd() -> None:
     """Print the configuration in force (one JSON object)."""
-    with _redis() as (settings, client):
+    with fleet_redis() as (settings, client):
         fleet = fleet_config.require(client, settings.key_prefix)
     out = {
         "version": fleet.version,

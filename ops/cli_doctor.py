@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,8 +23,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from kernel.errors import StoreError
 from kernel.settings import Settings
+from ops.cli_redis import fleet_redis
 from router.feed import Feed, FeedSource
 from router.streams import DeadLetter, PendingEntry, dead_letters, pending_counts, pending_entries
 
@@ -112,33 +110,13 @@ def read_health(client: redis.Redis, prefix: str, limit: int) -> FeedHealth:
     return FeedHealth(prefix, lengths, pending, dead_letters(client, feed.dead_key, limit))
 
 
-@contextmanager
-def _redis(settings: Settings) -> Iterator[redis.Redis]:
-    """The configured Redis; a failure becomes one error line saying what to do."""
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
-    try:
-        yield client
-    except redis.ConnectionError as exc:
-        raise StoreError(
-            f"Redis at {settings.redis_url} (REINS_REDIS_URL) does not answer: {exc}; start it "
-            "('make redis') or set REINS_REDIS_URL to the fleet's Redis"
-        ) from None
-    except redis.RedisError as exc:
-        raise StoreError(
-            f"Redis at {settings.redis_url}: {exc}; is REINS_KEY_PREFIX "
-            f"({settings.key_prefix!r}) a reins fleet of this build?"
-        ) from None
-    finally:
-        client.close()
-
-
 def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     limit: int = typer.Option(20, "--limit", min=1, help="dead letters and pending entries shown"),
 ) -> None:
     """The feed: stream lengths, each router's pending entries, the dead letters."""
     settings = Settings.from_env(os.environ)
-    with _redis(settings) as client:
+    with fleet_redis(settings) as (_, client):
         health = read_health(client, settings.key_prefix, limit)
     if as_json:
         sys.stdout.write(json.dumps(health.as_json(), sort_keys=True) + "\n")

@@ -10,7 +10,6 @@ still holds and those recovered from it (:mod:`ops.ring_view`). ``show`` writes 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -26,10 +25,10 @@ from rich.text import Text
 
 from kernel.errors import RingError, StoreError, UnknownMember
 from kernel.settings import Settings
+from ops.cli_redis import fleet_redis
 from ops.ring_view import MemberRow, Recovery, ShownState, member_rows
 from router.custody import Custody
 from router.membership import DrainStatus, Membership
-from store.redis_client import client_for
 
 ring_app = typer.Typer(
     no_args_is_help=True,
@@ -41,19 +40,6 @@ console = Console()
 _POLL_S = 0.2  # how often `drain --wait` re-reads the replicas' reports
 
 
-@contextmanager
-def _redis() -> Iterator[tuple[Settings, redis.Redis]]:
-    """The configured Redis; Redis failures become one StoreError line."""
-    settings = Settings.from_env(os.environ)
-    client = client_for(settings)
-    try:
-        yield settings, client
-    except redis.RedisError as exc:
-        raise StoreError(f"Redis at {settings.redis_url}: {exc}") from None
-    finally:
-        client.close()
-
-
 def _membership_on(settings: Settings, client: redis.Redis) -> Membership:
     return Membership.of(client, settings)
 
@@ -61,7 +47,7 @@ def _membership_on(settings: Settings, client: redis.Redis) -> Membership:
 @contextmanager
 def _membership() -> Iterator[Membership]:
     """A membership on the configured Redis; Redis failures become one StoreError line."""
-    with _redis() as (settings, client):
+    with fleet_redis() as (settings, client):
         yield _membership_on(settings, client)
 
 
@@ -70,7 +56,7 @@ def show_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Members (state, points, share, turns in custody and recovered), fingerprint, replicas."""
-    with _redis() as (settings, client):
+    with fleet_redis() as (settings, client):
         membership = _membership_on(settings, client)
         custody = Custody(client, settings.key_prefix)
         records = membership.records()
