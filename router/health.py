@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from kernel.settings import Settings
+
 log = logging.getLogger("reins.health")
 
 #: A probe's check: None when healthy, else why not.
@@ -87,3 +89,15 @@ class HealthServer:
         """Stop serving and close the socket."""
         self._server.shutdown()
         self._server.server_close()
+
+
+def live_within_s(settings: Settings) -> float:
+    """How long a process's loop may go without a round before its liveness probe fails."""
+    return max(10.0, 10 * settings.heartbeat_interval_s)
+
+
+def serve_probes(settings: Settings, live: Check, ready: Check) -> HealthServer | None:
+    """The probes on ``REINS_HEALTH_HOST:REINS_HEALTH_PORT``, started; None when the port is 0."""
+    if not settings.health_port:
+        return None
+    return HealthServer(settings.health_host, settings.health_port, live, ready).start()

@@ -33,7 +33,7 @@ from router.chores import (
     reconcile_claims,
 )
 from router.dispatch import Sender
-from router.health import Beat, HealthServer
+from router.health import Beat, HealthServer, live_within_s, serve_probes
 from router.observe import RouterObserver
 from router.owed import OwedRuns
 from router.reconcile import Reconciler
@@ -291,15 +291,12 @@ class RouterService:
 
     def _probes(self) -> HealthServer | None:
         """/livez: the loop goes round; /readyz: its last tick (which reads Redis) is recent."""
-        if not self.settings.health_port:
-            return None
-        within = max(10.0, 10 * self.settings.heartbeat_interval_s)
-        return HealthServer(
-            self.settings.health_host,
-            self.settings.health_port,
+        within = live_within_s(self.settings)
+        return serve_probes(
+            self.settings,
             live=lambda: self.beat.stale(within),
             ready=lambda: self.ticked.stale(3 * self.settings.heartbeat_interval_s),
-        ).start()
+        )
 
     def stop(self) -> None:
         """Ask the loop to end after its current cycle."""

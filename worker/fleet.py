@@ -37,7 +37,7 @@ from router.custody import Custody
 from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
 from router.fleet_config import ConfigSource, importable
 from router.gates import GateConfig
-from router.health import Beat, HealthServer
+from router.health import Beat, HealthServer, live_within_s, serve_probes
 from router.membership import Membership, Progress
 from router.redis_gates import RedisGates
 from store.redis_client import client_for
@@ -259,15 +259,12 @@ class FleetWorker:
     def probes(self) -> HealthServer | None:
         """/livez: heartbeats go on and the consumer is not wedged; /readyz: registered and not
         draining (None when ``REINS_HEALTH_PORT`` is 0)."""
-        if not self.settings.health_port:
-            return None
-        within = max(10.0, 10 * self.settings.heartbeat_interval_s)
-        return HealthServer(
-            self.settings.health_host,
-            self.settings.health_port,
-            live=lambda: self.beat.stale(within) or self.stalled(),
-            ready=self._readiness,
-        ).start()
+        within = live_within_s(self.settings)
+
+        def live() -> str | None:
+            return self.beat.stale(within) or self.stalled()
+
+        return serve_probes(self.settings, live=live, ready=self._readiness)
 
     def _readiness(self) -> str | None:
         if not self.registered:
