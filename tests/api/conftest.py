@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.front import Front
 from api.keys import KeyRing, Scope
+from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from ops.fleet_local import LocalFleet
 from router import fleet_config
@@ -102,3 +103,15 @@ def api_url(
         yield start_api(processes)
     finally:
         processes.close()
+
+
+@pytest.fixture
+def acme_held(
+    http: TestClient, keys: Keys, redis_client: redis.Redis, key_prefix: str, fleet_file: Path
+) -> TrajectoryRecord:
+    """A refund of tenant acme, submitted through the API and held for a reviewer."""
+    from tests.api.held import held_refund  # it builds on this module's fixtures' values
+
+    rec = held_refund(http, keys.auth(keys.acme), redis_client, key_prefix, fleet_file)
+    assert rec.held is not None
+    return rec

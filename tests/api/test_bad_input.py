@@ -9,11 +9,10 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from kernel.record import ApprovalStatus
+from kernel.record import ApprovalStatus, TrajectoryRecord
 from kernel.states import LifecycleState
 from store.redis_store import RedisStore
 from tests.api.conftest import AGENT, Keys
-from tests.api.held import held_refund
 
 pytestmark = pytest.mark.redis
 GOOD = {"agent": AGENT, "goal": "refund the damaged item on order ord_1", "user": "cu_ana"}
@@ -78,9 +77,9 @@ def test_a_wrong_decision_names_its_field_and_changes_nothing(
     keys: Keys,
     redis_client: redis.Redis,
     key_prefix: str,
-    fleet_file: Path,
+    acme_held: TrajectoryRecord,
 ) -> None:
-    rec = held_refund(http, keys.auth(keys.acme), redis_client, key_prefix, fleet_file)
+    rec = acme_held
     assert rec.held is not None
     held, tid = rec.held, rec.trajectory_id
     path = f"/v1/trajectories/{tid}/approvals/{held.approval_id}"

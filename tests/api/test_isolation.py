@@ -4,15 +4,14 @@ exist nowhere, listings show only the caller's tenant, and scopes gate what a ke
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from kernel.record import TrajectoryRecord
 from store.redis_store import RedisStore
 from tests.api.conftest import Keys
-from tests.api.held import held_refund
 
 pytestmark = pytest.mark.redis
 
@@ -36,9 +35,9 @@ def test_another_tenants_ids_get_the_same_404_as_ids_that_do_not_exist(
     keys: Keys,
     redis_client: redis.Redis,
     key_prefix: str,
-    fleet_file: Path,
+    acme_held: TrajectoryRecord,
 ) -> None:
-    rec = held_refund(http, keys.auth(keys.acme), redis_client, key_prefix, fleet_file)
+    rec = acme_held
     assert rec.held is not None
     held = rec.held
     nowhere = f"traj-{uuid.uuid4().hex[:16]}"
@@ -70,11 +69,9 @@ def test_another_tenants_ids_get_the_same_404_as_ids_that_do_not_exist(
 def test_listings_never_show_another_tenants_ids(
     http: TestClient,
     keys: Keys,
-    redis_client: redis.Redis,
-    key_prefix: str,
-    fleet_file: Path,
+    acme_held: TrajectoryRecord,
 ) -> None:
-    rec = held_refund(http, keys.auth(keys.acme), redis_client, key_prefix, fleet_file)
+    rec = acme_held
     body = {"agent": "examples.support_store:agent", "goal": "refund ord_1", "user": "u"}
     mine = http.post("/v1/trajectories", json=body, headers=keys.auth(keys.globex)).json()
 
@@ -95,9 +92,9 @@ def test_a_missing_scope_on_ones_own_trajectory_is_a_403_that_changes_nothing(
     keys: Keys,
     redis_client: redis.Redis,
     key_prefix: str,
-    fleet_file: Path,
+    acme_held: TrajectoryRecord,
 ) -> None:
-    rec = held_refund(http, keys.auth(keys.acme), redis_client, key_prefix, fleet_file)
+    rec = acme_held
     assert rec.held is not None
     auditor = keys.auth(keys.acme_read_only)
     tid = rec.trajectory_id

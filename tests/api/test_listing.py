@@ -5,7 +5,6 @@ the async client speaks the same API."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import pytest
@@ -14,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from api.client import ApiError, AsyncReinsClient
 from api.keys import KeyRing, Scope
+from kernel.record import TrajectoryRecord
 from store.redis_store import RedisStore
 from tests.api.conftest import AGENT, Keys
-from tests.api.held import held_refund
 
 pytestmark = pytest.mark.redis
 JOB = {"agent": AGENT, "goal": "refund the damaged item on order ord_1", "user": "cu_ana"}
@@ -55,9 +54,9 @@ def test_a_principal_who_is_not_a_reviewer_cannot_decide(
     keys: Keys,
     redis_client: redis.Redis,
     key_prefix: str,
-    fleet_file: Path,
+    acme_held: TrajectoryRecord,
 ) -> None:
-    rec = held_refund(http, keys.auth(keys.acme), redis_client, key_prefix, fleet_file)
+    rec = acme_held
     assert rec.held is not None
     intern = KeyRing(redis_client, key_prefix).create("acme", "intern", {Scope.DECIDE})[0]
     path = f"/v1/trajectories/{rec.trajectory_id}/approvals/{rec.held.approval_id}"

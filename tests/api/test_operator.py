@@ -3,15 +3,13 @@ operator every tenant's."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from kernel.record import TrajectoryRecord
 from router.membership import Membership
 from tests.api.conftest import Keys
-from tests.api.held import held_refund
 
 pytestmark = pytest.mark.redis
 
@@ -39,11 +37,8 @@ def test_an_operator_drains_then_removes_a_worker_and_a_tenant_cannot(
 def test_usage_shows_a_tenant_its_own_share_and_an_operator_every_tenant(
     http: TestClient,
     keys: Keys,
-    redis_client: redis.Redis,
-    key_prefix: str,
-    fleet_file: Path,
+    acme_held: TrajectoryRecord,
 ) -> None:
-    held_refund(http, keys.auth(keys.acme), redis_client, key_prefix, fleet_file)
     body = {"agent": "examples.support_store:agent", "goal": "refund ord_9", "user": "u"}
     http.post("/v1/trajectories", json=body, headers=keys.auth(keys.globex))
 
