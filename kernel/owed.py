@@ -55,8 +55,11 @@ def on_reconcile(draft: Draft) -> None:
     catalog = draft.ctx.agent.catalog
     for op in owed:
         spec = catalog.get(op.tool or "") if op.kind is OpKind.TOOL else None
-        askable = spec is not None and spec.kind is ToolKind.WRITE
-        if not askable or spec is None or spec.on_unknown is not OnUnknown.LOOKUP:
+        if (
+            spec is None
+            or spec.kind is not ToolKind.WRITE
+            or spec.on_unknown is not OnUnknown.LOOKUP
+        ):
             write_off(draft, op, "no lookup" if op.kind is OpKind.TOOL else "no bill came")
         elif lookups(op) >= MAX_LOOKUPS:
             write_off(draft, op, f"{MAX_LOOKUPS} lookups went unanswered")
