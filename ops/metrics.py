@@ -49,6 +49,15 @@ TOOL_OUTCOMES = frozenset({"ok", "error", "unknown", "absent"})
 #: Ring membership states: live and taking work, live and draining, heartbeat lapsed.
 RING_STATES = ("active", "draining", "lapsed")
 OTHER = "other"
+#: The stops that are a budget limit binding: what the cut-off rate counts.
+BUDGET_LIMITS = (
+    StopReason.MAX_STEPS,
+    StopReason.MAX_TOOL_CALLS,
+    StopReason.MAX_TOKENS,
+    StopReason.MAX_COST,
+    StopReason.DEADLINE,
+    StopReason.WALL_CLOCK,
+)
 
 _REPLY_STATUSES = frozenset(s.value for s in ReplyStatus)
 _STOP_REASONS = {s.value: s for s in StopReason}
@@ -156,6 +165,13 @@ class Metrics(RouterObserver, TurnObserver):
             ["tenant", "stop_reason"],
             registry=r,
         )
+        self.cutoffs = Counter(
+            "reins_budget_cutoffs",
+            "Trajectories a budget limit ended, by limit: the cut-off rate is this over "
+            "reins_trajectory_stops (seed 000, 'Choosing limits'; reins limits report).",
+            ["tenant", "limit"],
+            registry=r,
+        )
         self.spend = Counter(
             "reins_spend_dollars", "Settled spend in dollars.", ["tenant"], registry=r
         )
@@ -217,6 +233,8 @@ class Metrics(RouterObserver, TurnObserver):
             self.owed_runs.labels(t.name)
             for reason in StopReason:
                 self.stops.labels(t.name, reason.value)
+            for limit in BUDGET_LIMITS:
+                self.cutoffs.labels(t.name, limit.value)
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -281,6 +299,8 @@ class Metrics(RouterObserver, TurnObserver):
                     log.warning("stop row with unknown reason %r not counted", row.outcome)
                     continue
                 self.stops.labels(tenant, reason.value).inc()
+                if reason in BUDGET_LIMITS:
+                    self.cutoffs.labels(tenant, reason.value).inc()
         spent: Decimal = after.ledger.dollars.actual - before.ledger.dollars.actual
         if spent > 0:
             self.spend.labels(tenant).inc(float(spent))

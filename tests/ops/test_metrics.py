@@ -34,6 +34,7 @@ FAMILIES = {
     "reins_model_calls": ("counter", {"provider", "status"}),
     "reins_tool_calls": ("counter", {"tool", "outcome"}),
     "reins_trajectory_stops": ("counter", {"tenant", "stop_reason"}),
+    "reins_budget_cutoffs": ("counter", {"tenant", "limit"}),
     "reins_spend_dollars": ("counter", {"tenant"}),
     "reins_approvals_held": ("gauge", {"tenant"}),
     "reins_owed_runs": ("gauge", {"tenant"}),
@@ -160,6 +161,12 @@ def test_commits_count_models_tools_stops_and_spend_from_the_chain() -> None:
     assert value(m, "reins_trajectory_stops_total", tenant="initech", stop_reason="max_steps") == 1
     stops = sum(v for (n, _), v in _samples(m) if n == "reins_trajectory_stops_total")
     assert stops == 4
+    # the cut-off rate's numerator: the two budget stops (max_steps), each under its tenant
+    cutoffs = {k: v for (n, k), v in _samples(m) if n == "reins_budget_cutoffs_total" and v}
+    assert cutoffs == {
+        (("limit", "max_steps"), ("tenant", "globex")): 1,
+        (("limit", "max_steps"), ("tenant", "initech")): 1,
+    }
     completed = value(m, "reins_model_calls_total", provider="scripted", status="COMPLETED")
     assert completed > 4
     assert value(m, "reins_tool_calls_total", tool="issue_refund", outcome="ok") == 2
