@@ -1,5 +1,6 @@
-"""Where ``reins limits report`` reads finished runs: a CSV or JSONL file of outcomes, a store
-(the embedded SQLite file, or the fleet's Redis), or the fleet's API.
+"""Where ``reins limits report`` reads finished runs: a CSV or JSONL file of outcomes, recordings
+(``reins run --record``), a store (the embedded SQLite file, or the fleet's Redis), or the
+fleet's API.
 
 Every source yields :class:`ops.limits_stats.Outcome` rows. A run counts as accepted when it
 stopped ``done``: the kernel stops a run ``done`` only after the agent's declared acceptance
@@ -16,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernel.errors import InvalidInput
+from kernel.errors import InvalidInput, ReinsError
 from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
 from ops.limits_stats import COLUMNS, Dim, Outcome
 from store.base import TrajectoryStore
+from worker.recording import Recording
 
 #: The states of finished runs.
 FINISHED = (LifecycleState.COMPLETED, LifecycleState.FAILED, LifecycleState.CANCELED)
@@ -99,13 +101,33 @@ def from_api(pages: Iterator[Mapping[str, Any]], keep: Filter = Filter()) -> lis
 def read_outcomes(path: Path) -> list[Outcome]:
     """A CSV (with a header) or JSONL file of outcomes, by its suffix (``.jsonl``/``.ndjson``
     are JSON lines, anything else CSV). Columns: ``trajectory_id`` (optional), ``accepted``
-    (true/false or 1/0), and any of ``steps, tool_calls, tokens, cost_usd, active_s``."""
+    (true/false or 1/0), and any of ``steps, tool_calls, tokens, cost_usd, active_s``.
+    A ``.json`` file, or a folder of them, is read as recordings (``reins run --record``)."""
+    if path.is_dir() or path.suffix == ".json":
+        return read_recordings(path)
     if not path.is_file():
         raise InvalidInput(f"{path}: no such file")
     text = path.read_text(encoding="utf-8")
     lines = path.suffix in {".jsonl", ".ndjson"}
     rows = json_lines(path, text) if lines else _csv_rows(path, text)
     return [_outcome(path, n, row) for n, row in rows]
+
+
+def read_recordings(path: Path) -> list[Outcome]:
+    """The finished runs among recordings: one ``.json`` file or every one in a folder."""
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    if not files or not files[0].is_file():
+        raise InvalidInput(f"{path}: no recordings (reins run --record FILE.json writes one)")
+    out = []
+    for file in files:
+        try:
+            recording = Recording.load(file)
+            final = TrajectoryRecord.from_json(recording.final) if recording.final else None
+        except (ValueError, ReinsError) as exc:
+            raise InvalidInput(f"{file}: not a recording of a run ({exc})") from None
+        if final is not None and final.state in FINISHED:
+            out.append(outcome_of_record(final))
+    return out
 
 
 def json_lines(path: Path, text: str) -> list[tuple[int, dict[str, Any]]]:

@@ -283,3 +283,30 @@ def test_the_api_view_is_a_source() -> None:
     want = outcome_of_record(done.record)
     assert got[0].accepted and got[0].trajectory_id == "t-api"
     assert got[0].spend == {d: v for d, v in want.spend.items() if d is not Dim.ACTIVE_S}
+
+
+def test_recordings_are_a_source(tmp_path: Path) -> None:
+    """``reins run --record`` files, one or a folder of them, read as finished runs."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name, steps in (("a", "3"), ("b", "8")):
+        p = reins(
+            "run",
+            "examples.support_store:agent",
+            "--goal",
+            "refund ord_1001",
+            "--no-store",
+            "--budget",
+            f"max_steps={steps}",
+            "--record",
+            str(runs / f"{name}.json"),
+            "--json",
+        )
+        assert p.returncode == 0, p.stderr
+    out = report_json("--from", str(runs), "--caps", "steps=5")
+    assert out["steps"]["runs"] == 2 and out["steps"]["accepted"] == 1
+    one = report_json("--from", str(runs / "b.json"))
+    assert one["steps"]["accepted"] == 1
+    (tmp_path / "junk.json").write_text("{}")
+    p = reins("limits", "report", "--from", str(tmp_path / "junk.json"))
+    assert p.returncode == 2 and "not a recording" in " ".join(p.stderr.split())
