@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from kernel.settings import Settings
 from ops.limits_plot import terminal_lines, write_picture, write_trial_picture
 from ops.limits_sources import Filter, from_api, from_store, read_outcomes
 from ops.limits_stats import POST_HOC, Dim, DimensionReport, Outcome, parse_caps, report
-from ops.limits_trial import read_tasks, summaries, trial
+from ops.limits_trial import CandidateFigures, Task, read_tasks, summaries, trial
 from router.agents import load_agent
 
 limits_app = typer.Typer(no_args_is_help=True, help="Choose budget limits from evidence.")
@@ -146,25 +147,27 @@ def trial_cmd(
     target_rse: float = TARGET,
     as_json: bool = AS_JSON,
     plot: Path | None = PLOT,
+    fleet: bool = typer.Option(
+        False, "--fleet", help="run on the fleet through its API (REINS_API_URL, REINS_API_KEY)"
+    ),
+    timeout_s: float = typer.Option(900.0, "--timeout", help="--fleet: seconds for every run"),
 ) -> None:
-    """Run every task under every candidate cap, on the embedded runner, and compare."""
+    """Run every task under every candidate cap, on the embedded runner or the fleet, and
+    compare the candidates as policies."""
     wanted = parse_caps(caps)
     tasks = read_tasks(tasks_path)
-    agent = load_agent(agent_ref)
-    base = agent.profile.budget.with_overrides(budget)
-    if as_json:
-        figures = trial(agent, agent_ref, tasks, wanted, base)
-    else:
-        with Progress(console=console, transient=True) as bar:
-            job = bar.add_task("trial runs", total=None)
-            figures = trial(
-                agent,
-                agent_ref,
-                tasks,
-                wanted,
-                base,
-                lambda d, t: bar.update(job, completed=d, total=t),
-            )
+    with Progress(console=console, transient=True, disable=as_json) as bar:
+        job = bar.add_task("trial runs", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(job, completed=done, total=total)
+
+        if fleet:
+            figures = _on_fleet(agent_ref, tasks, wanted, budget, timeout_s, progress)
+        else:
+            agent = load_agent(agent_ref)
+            base = agent.profile.budget.with_overrides(budget)
+            figures = trial(agent, agent_ref, tasks, wanted, base, progress)
     rows = summaries(figures, target_rse)
     if plot is not None:
         write_trial_picture(plot, rows, f"reins limits trial: {agent_ref}, {len(tasks)} tasks")
@@ -175,6 +178,32 @@ def trial_cmd(
     _print_trial(agent_ref, len(tasks), rows)
     if plot is not None:
         console.print(f"picture: {plot}")
+
+
+def _on_fleet(
+    agent_ref: str,
+    tasks: Sequence[Task],
+    caps: Mapping[Dim, Sequence[float]],
+    budget: Sequence[str],
+    timeout_s: float,
+    progress: Callable[[int, int], None],
+) -> list[CandidateFigures]:
+    from ops.cli_client import connected
+    from ops.limits_fleet import fleet_trial, parse_overrides
+
+    base = parse_overrides(budget)
+    run_id = f"trial-{uuid.uuid4().hex[:8]}"
+    with connected() as client:
+        return fleet_trial(
+            client,
+            agent_ref,
+            tasks,
+            caps,
+            base,
+            run_id=run_id,
+            timeout_s=timeout_s,
+            progress=progress,
+        )
 
 
 def _print_trial(agent_ref: str, n: int, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -94,15 +94,21 @@ def http(api_env: dict[str, str], redis_client: redis.Redis, applied: int) -> It
 
 
 @pytest.fixture
-def api_url(
+def fleet(
     key_prefix: str, tmp_path: Path, redis_client: redis.Redis, applied: int
-) -> Iterator[str]:
-    """The API as a process of its own (no router, no worker) on a loopback port."""
+) -> Iterator[LocalFleet]:
+    """The fleet's processes on this test's prefix (started by the test, ended by PID)."""
     processes = LocalFleet(fleet_env(key_prefix), tmp_path, redis_client)
     try:
-        yield start_api(processes)
+        yield processes
     finally:
         processes.close()
+
+
+@pytest.fixture
+def api_url(fleet: LocalFleet) -> str:
+    """The API as a process of its own (no router, no worker) on a loopback port."""
+    return start_api(fleet)
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 import tomllib
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -21,23 +19,12 @@ from router.feed import Feed, ready_notice
 from store.redis_store import RedisStore
 from tests.api.conftest import Keys, fleet_toml
 from tests.api.held import refund_body
-from tests.api.processes import fleet_env, start_fleet
+from tests.api.processes import start_fleet
 from tests.fleet.harness import seed_orders
 from tests.fleet.processes import stop_all
 from tests.support import wait_for
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def fleet(
-    key_prefix: str, tmp_path: Path, redis_client: redis.Redis, applied: int
-) -> Iterator[LocalFleet]:
-    processes = LocalFleet(fleet_env(key_prefix), tmp_path, redis_client)
-    try:
-        yield processes
-    finally:
-        processes.close()
 
 
 def test_a_held_refund_approved_through_the_api_happens_once_and_its_events_arrive_once(
