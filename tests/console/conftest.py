@@ -1,8 +1,12 @@
 """Fixtures of the console's tests: those of the API's tests (the fleet's document, keys, the
-application in process, a held refund), and a client signed in to the console."""
+application in process, a held refund), and the store they write to."""
 
 from __future__ import annotations
 
+import pytest
+import redis
+
+from store.redis_store import RedisStore
 from tests.api.conftest import (  # noqa: F401 - fixtures, found by name
     acme_held,
     api_env,
@@ -11,3 +15,9 @@ from tests.api.conftest import (  # noqa: F401 - fixtures, found by name
     http,
     keys,
 )
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, key_prefix: str) -> RedisStore:
+    """The store of this test's prefix."""
+    return RedisStore(redis_client, prefix=key_prefix)
