@@ -162,3 +162,21 @@ def test_scopes_decide_what_a_key_sees_and_may_do(
     after = store.load("acme", tid)
     assert after.record_version == acme_held.record_version
     assert after.state is LifecycleState.AWAITING_APPROVAL
+
+
+def test_a_control_button_acts_as_the_key_and_a_refused_one_says_why(
+    http: TestClient, keys: Keys, store: RedisStore, acme_held: TrajectoryRecord
+) -> None:
+    tid = acme_held.trajectory_id
+    sign_in(http, keys.acme)
+    early = http.post(f"/ui/trajectories/{tid}/control/resume")
+    assert early.status_code == 409, early.text[-400:]
+    assert store.load("acme", tid).record_version == acme_held.record_version
+
+    paused = http.post(f"/ui/trajectories/{tid}/control/pause", follow_redirects=False)
+    assert paused.status_code == 303 and paused.headers["location"] == f"/ui/trajectories/{tid}"
+    after = store.load("acme", tid)
+    assert after.record_version > acme_held.record_version
+    assert after.state is LifecycleState.PAUSED or after.pending_control is not None
+    page = http.get(f"/ui/trajectories/{tid}").text
+    assert f">{after.state.value}<" in page and "by reviewer" in page
