@@ -31,7 +31,9 @@ from kernel.states import TERMINAL, LifecycleState, StopReason
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")  # autoescaped (.html)
-templates.env.globals.update(duration=shown.duration, time_left=shown.time_left)
+templates.env.globals.update(
+    duration=shown.duration, time_left=shown.time_left, moment=shown.moment
+)
 MAX_FORM = 16_384
 LISTED = 500  # the most trajectories the list reads before filtering
 

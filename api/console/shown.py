@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -37,6 +38,11 @@ def duration(seconds: float) -> str:
     if s < 86_400:
         return f"{s // 3600} h {s % 3600 // 60:02d} min"
     return f"{s // 86_400} d {s % 86_400 // 3600} h"
+
+
+def moment(at: float) -> str:
+    """An epoch time as UTC, to the second: "2026-12-01 19:48:26 UTC"."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def time_left(expires_at: float, now: float) -> str:

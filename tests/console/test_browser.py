@@ -55,6 +55,14 @@ def sign_out(driver: webdriver.Chrome) -> None:
     wait_for(lambda: "/ui/signin" in driver.current_url, 20, "the sign-out")
 
 
+def picture(driver: webdriver.Chrome, name: str, height: int = 1150) -> None:
+    """Save a screenshot of the page to docs/img/, tall enough to show it whole, then give the
+    window back its laptop size."""
+    driver.set_window_size(1366, height)
+    driver.save_screenshot(str(IMAGES / name))
+    driver.set_window_size(1366, 900)
+
+
 def held_keys(driver: webdriver.Chrome) -> list[str]:
     cards = driver.find_elements(By.CSS_SELECTOR, "#inbox li[data-key]")
     return [c.get_attribute("data-key") or "" for c in cards]
@@ -127,7 +135,7 @@ def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
         driver.refresh()  # the page as a reviewer opens it, for its picture and its audit
         wait_for(lambda: len(held_keys(driver)) == 1, 20, "the inbox")
         assert audit(driver) == []
-        driver.save_screenshot(str(IMAGES / "console-inbox.png"))
+        picture(driver, "console-inbox.png")
 
         comment = driver.find_element(By.ID, "comment-1")
         comment.send_keys("checked the photo of the damage")
@@ -139,23 +147,28 @@ def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
         wait_for(lambda: f"/ui/trajectories/{tid}" in driver.current_url, 30, "the detail page")
         driver.execute_script("window.reinsSamePage = true")
 
-        def finished() -> bool:
-            state = driver.find_element(By.ID, "state").text
-            steps = driver.find_elements(By.CSS_SELECTOR, "#steps li.step-stop")
-            return state == "COMPLETED" and len(steps) == 1
+        def finished() -> bool:  # read in one script: the live refresh replaces these nodes
+            state, stops = driver.execute_script(
+                "return [document.getElementById('state').textContent,"
+                " document.querySelectorAll('#steps li.step-stop').length]"
+            )
+            return bool(state == "COMPLETED" and stops == 1)
 
         wait_for(finished, 60, "the run to finish on the page")
-        live = driver.find_element(By.ID, "live")
-        assert driver.execute_script("return window.reinsSamePage === true"), "page reloaded"
-        assert int(live.get_attribute("data-received") or 0) > 0, "no event came by the stream"
-        assert driver.find_element(By.ID, "stop-reason").text == "done"
+        same_page, received, stop, shown_closing, timeline = driver.execute_script(
+            "const text = (id) => document.getElementById(id).innerText;"
+            "return [window.reinsSamePage === true, document.getElementById('live').dataset"
+            ".received, text('stop-reason'), text('closing'), text('steps')]"
+        )
+        assert same_page, "the page was reloaded: it did not follow the run live"
+        assert int(received) > 0, "no event came by the stream"
+        assert stop == "done"
         closing = store.load("acme", tid).closing_message
-        assert closing and driver.find_element(By.ID, "closing").text == closing
-        timeline = driver.find_element(By.ID, "steps").text
+        assert closing and shown_closing == closing
         assert "checked the photo of the damage" in timeline and "approved" in timeline
         assert layout_shift(driver) == 0.0, "live updates moved the page"
         assert audit(driver) == []
-        driver.save_screenshot(str(IMAGES / "console-trajectory.png"))
+        picture(driver, "console-trajectory.png")
 
         refunds = [e for e in backend.effects() if e[0] == "refund"]
         assert len(refunds) == 1, refunds
@@ -172,7 +185,7 @@ def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
         assert [r.text for r in rows] == ["acme", "globex"]
         assert "w1" in driver.page_source and "w2" in driver.page_source
         assert audit(driver) == []
-        driver.save_screenshot(str(IMAGES / "console-fairness.png"))
+        picture(driver, "console-fairness.png", height=640)
 
         sign_out(driver)
         sign_in(driver, url, keys.globex)

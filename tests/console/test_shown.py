@@ -54,6 +54,10 @@ def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None
     assert shown.duration(seconds) == text
 
 
+def test_a_moment_is_utc_to_the_second() -> None:
+    assert shown.moment(1_796_154_506.9) == "2026-12-01 19:48:26 UTC"
+
+
 @given(st.floats(0, 1e9), st.floats(-1e6, 1e6))
 def test_a_hold_is_expired_exactly_when_its_time_is_up(now: float, delta: float) -> None:
     text = shown.time_left(now + delta, now)
