@@ -119,6 +119,7 @@ def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
             tid = client.submit(refund_body(oid))["trajectory_id"]
         wait_for(lambda: len(held_keys(driver)) == 1, 60, "the held refund in the inbox")
         assert driver.execute_script("return window.reinsSamePage === true"), "page reloaded"
+        assert layout_shift(driver) == 0.0, "the new hold moved what was on the page"
         rec = store.load("acme", tid)
         assert rec.held is not None
         card = driver.find_element(By.CSS_SELECTOR, "#inbox li[data-key]")
