@@ -3,7 +3,10 @@ reasons and changing nothing, filters, scopes. (The browser test runs the whole 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from kernel.chain import RowKind
@@ -11,6 +14,7 @@ from kernel.record import ApprovalStatus, TrajectoryRecord
 from kernel.states import LifecycleState
 from store.redis_store import RedisStore
 from tests.api.conftest import Keys
+from tests.fleet.harness import InProcessFleet
 
 pytestmark = pytest.mark.redis
 
@@ -36,6 +40,9 @@ def test_a_wrong_key_is_refused_by_name_and_signs_nobody_in(http: TestClient, ke
     assert reply.status_code == 401
     assert "unknown or revoked" in reply.text and 'aria-invalid="true"' in reply.text
     assert "set-cookie" not in reply.headers
+    door = http.get("/ui")  # the address the README gives leads to the sign-in form
+    assert door.status_code == 200 and str(door.url).endswith("/ui/signin?next=/ui/")
+    assert '<label for="key">API key</label>' in door.text
     away = http.get("/ui/inbox", follow_redirects=False)
     assert away.status_code == 303 and away.headers["location"] == "/ui/signin?next=/ui/inbox"
 
@@ -180,3 +187,30 @@ def test_a_control_button_acts_as_the_key_and_a_refused_one_says_why(
     assert after.state is LifecycleState.PAUSED or after.pending_control is not None
     page = http.get(f"/ui/trajectories/{tid}").text
     assert f">{after.state.value}<" in page and "by reviewer" in page
+
+
+def test_the_pages_event_stream_is_the_chain_and_resumes_after_the_last_event(
+    http: TestClient,
+    keys: Keys,
+    store: RedisStore,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    fleet_file: Path,
+    acme_held: TrajectoryRecord,
+) -> None:
+    rec = acme_held
+    sign_in(http, keys.acme)
+    killed = http.post(f"/ui/trajectories/{rec.trajectory_id}/control/kill")
+    assert killed.status_code == 200
+    InProcessFleet(redis_client, key_prefix, fleet_file).run_until_quiet()  # to its stop
+    chain = store.read("acme", rec.trajectory_id)
+    assert chain[-1].kind is RowKind.STOP
+
+    path = f"/ui/trajectories/{rec.trajectory_id}/events"
+    resumed = http.get(path, headers={"Last-Event-ID": "2"})
+    assert resumed.headers["content-type"].startswith("text/event-stream")
+    ids = [int(line[4:]) for line in resumed.text.splitlines() if line.startswith("id: ")]
+    assert ids == [row.index for row in chain[3:]]
+    assert http.get(path, headers={"Last-Event-ID": "two"}).status_code == 422
+    page = http.get(f"/ui/trajectories/{rec.trajectory_id}").text
+    assert 'data-ended="true"' in page  # an ended run's page opens no stream
