@@ -147,7 +147,9 @@ def _inbox(request: Request, grant: Grant, fragment: bool, **extra: Any) -> HTML
             continue
     name = "inbox_items.html" if fragment else "inbox.html"
     status = extra.pop("status", 200)
-    return page(request, name, status, grant=grant, held=held, runs=runs, **extra)
+    # a refusal of an action no longer held (decided meanwhile) is said above the list
+    alone = extra.get("refused_id") not in {h.approval_id for h in held}
+    return page(request, name, status, grant=grant, held=held, runs=runs, alone=alone, **extra)
 
 
 def _show(request: Request, grant: Grant, trajectory_id: str) -> Trajectory:
@@ -183,19 +185,14 @@ async def decide(
         field = ".".join(str(p) for p in first["loc"])
         raise Problem(422, "Invalid request", f"{field}: {first['msg']}", field=field) from None
     try:
-        await _threaded(routes.decide, trajectory_id, approval_id, body, grant, request)
+        await run_in_threadpool(routes.decide, trajectory_id, approval_id, body, grant, request)
     except (Problem, ReinsError) as exc:
         problem = exc if isinstance(exc, Problem) else from_reins(exc)
         if problem.status == 404:
             raise problem from None
-        return _inbox(
-            request, grant, False, refusal=problem, refused_id=approval_id, status=problem.status
-        )
+        refused = {"refusal": problem, "refused_id": approval_id, "status": problem.status}
+        return await run_in_threadpool(lambda: _inbox(request, grant, False, **refused))
     return RedirectResponse(f"/ui/trajectories/{trajectory_id}", 303)
-
-
-async def _threaded(fn: Callable[..., Any], *args: Any) -> Any:
-    return await run_in_threadpool(fn, *args)
 
 
 # --- trajectories --------------------------------------------------------------------------
@@ -276,7 +273,7 @@ async def control(
 ) -> Response:
     """Pause, resume, cancel or kill, as the key's principal; back to the detail page."""
     await form_of(request)
-    await _threaded(routes.control, trajectory_id, control, grant, request, None)
+    await run_in_threadpool(routes.control, trajectory_id, control, grant, request, None)
     return RedirectResponse(f"/ui/trajectories/{trajectory_id}", 303)
 
 

@@ -120,6 +120,10 @@ def test_a_denial_keeps_the_reviewers_comment_in_the_chain_and_on_the_page(
     assert "the order was refunded &lt;b&gt;by phone&lt;/b&gt;" in page  # escaped, not markup
     assert http.get("/ui/inbox/items").text.count("data-key=") == 0
 
+    again = http.post(decide_path(rec), data=decision(rec, decision="deny"))  # decided already
+    assert again.status_code == 409
+    assert "Refused (Approval closed)" in again.text and "is denied" in again.text
+
 
 def test_the_list_filters_narrow_it_and_a_bad_filter_is_named(
     http: TestClient, keys: Keys, acme_held: TrajectoryRecord
