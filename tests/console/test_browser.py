@@ -186,7 +186,7 @@ def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
         assert [r.text for r in rows] == ["acme", "globex"]
         assert "w1" in driver.page_source and "w2" in driver.page_source
         assert audit(driver) == []
-        picture(driver, "console-fairness.png", height=640)
+        picture(driver, "console-fairness.png", height=800)
 
         sign_out(driver)
         sign_in(driver, url, keys.globex)
