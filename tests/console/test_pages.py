@@ -9,6 +9,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from api.keys import KeyRing, Scope
 from kernel.chain import RowKind
 from kernel.record import ApprovalStatus, TrajectoryRecord
 from kernel.states import LifecycleState
@@ -218,3 +219,17 @@ def test_the_pages_event_stream_is_the_chain_and_resumes_after_the_last_event(
     assert http.get(path, headers={"Last-Event-ID": "two"}).status_code == 422
     page = http.get(f"/ui/trajectories/{rec.trajectory_id}").text
     assert 'data-ended="true"' in page  # an ended run's page opens no stream
+
+
+def test_a_revoked_key_is_signed_out_at_its_next_request(
+    http: TestClient, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    ring = KeyRing(redis_client, key_prefix)  # remembers nothing: revocation is at once
+    http.app.state.front.keys = ring  # type: ignore[attr-defined]
+    key, grant = ring.create("acme", "reviewer", {Scope.READ, Scope.DECIDE})
+    sign_in(http, key)
+    assert http.get("/ui/inbox").status_code == 200
+    assert ring.revoke(grant.key_id)
+    away = http.get("/ui/inbox", follow_redirects=False)
+    assert away.status_code == 303 and away.headers["location"].startswith("/ui/signin")
+    assert http.get("/ui/inbox/items", follow_redirects=False).status_code == 303
