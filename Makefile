@@ -21,10 +21,12 @@ venv: $(STAMP)
 redis:
 	@bash ops/scripts/ensure-redis.sh
 
-# helm at .tools/helm and a prometheus binary, for the chart and dashboard tests.
+# helm at .tools/helm, a prometheus binary and a headless chromium with its chromedriver, for
+# the chart, dashboard and console (browser) tests.
 tools:
 	@bash ops/scripts/ensure-helm.sh
 	@bash ops/scripts/ensure-prometheus.sh
+	@bash ops/scripts/ensure-chromium.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .

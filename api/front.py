@@ -21,6 +21,7 @@ from api.keys import KeyRing
 from api.problems import Problem
 from kernel.errors import SnapshotNotFound, UnknownAgent
 from kernel.settings import Settings
+from kernel.tools import Catalog
 from router.agents import AgentCache
 from router.broker import TaskPublisher, make_app
 from router.custody import Custody
@@ -93,6 +94,14 @@ class Front:
     def fleet(self) -> FleetConfig:
         """The configuration in force (ConfigError: none applied)."""
         return self.config.current()
+
+    def catalog_of(self, agent: str) -> Catalog | None:
+        """The tools of ``agent``, or None when this process may not load it (off every list,
+        or not installed here): a view then shows what the record alone holds."""
+        try:
+            return self.agents.get(agent)[0].profile.catalog
+        except UnknownAgent:
+            return None
 
     def router_api(self) -> RouterApi:
         """The router API over the configuration in force."""

@@ -128,7 +128,7 @@ def show(
     if if_none_match == etag:
         return Response(status_code=304, headers={"ETag": etag})
     response.headers["ETag"] = etag
-    return trajectory_of(rec)
+    return trajectory_of(rec, front_of(request).catalog_of(rec.agent))
 
 
 @router.get(
@@ -199,14 +199,15 @@ def control(
 
 @router.get("/approvals", response_model=Approvals, tags=["approvals"])
 def approvals(grant: Authenticated, request: Request) -> Approvals:
-    """Every approval held in the tenant, oldest trajectory id first."""
+    """Every approval held in the tenant, the longest held first."""
     tenant = need(grant, Scope.READ)
-    store = front_of(request).store
+    front = front_of(request)
     items: list[HeldApproval] = []
-    for rec in store.records(tenant, LifecycleState.AWAITING_APPROVAL):
-        held = held_of(rec)
+    for rec in front.store.records(tenant, LifecycleState.AWAITING_APPROVAL):
+        held = held_of(rec, front.catalog_of(rec.agent))
         if held is not None and held.status == ApprovalStatus.HELD.value:
             items.append(held)
+    items.sort(key=lambda h: (h.held_at, h.trajectory_id))
     return Approvals(items=items)
 
 
@@ -274,6 +275,7 @@ def decide(
             digest=body.digest,
             reviewer=grant.principal,
             approve=body.decision == "approve",
+            comment=body.comment,
         )
     )
     after = result.record

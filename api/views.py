@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernel.amounts import Dimension
+from kernel.amounts import ZERO, Dimension, tool_call_liability
 from kernel.record import ControlKind, TrajectoryRecord
+from kernel.tools import Catalog
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
@@ -43,6 +44,7 @@ class DecisionRequest(Strict):
     decision: Literal["approve", "deny"]
     version: int = Field(ge=1, description="held_version of the approval as shown")
     digest: str = Field(min_length=1, max_length=128, description="digest as shown")
+    comment: str = Field("", max_length=2000, description="the reviewer's words, kept")
 
 
 class Spend(BaseModel):
@@ -51,6 +53,14 @@ class Spend(BaseModel):
     allowance: str
     spent: str
     reserved: str
+
+
+class Changed(BaseModel):
+    """A value the held call would change, before and after, as the tool can say."""
+
+    name: str
+    before: Any
+    after: Any
 
 
 class HeldApproval(BaseModel):
@@ -62,8 +72,15 @@ class HeldApproval(BaseModel):
     digest: str
     tool: str
     arguments: dict[str, Any]
+    held_at: float
     expires_at: float
     status: str
+    reserves: dict[str, str] | None = Field(
+        None, description="what dispatching it would reserve, per budget dimension"
+    )
+    changes: list[Changed] = Field(
+        default_factory=list, description="what it would change, where its tool can say"
+    )
 
 
 class Trajectory(BaseModel):
@@ -131,11 +148,21 @@ class Usage(BaseModel):
 CONTROLS = tuple(k.value for k in ControlKind)
 
 
-def held_of(rec: TrajectoryRecord) -> HeldApproval | None:
-    """The record's held proposal, or None."""
+def held_of(rec: TrajectoryRecord, catalog: Catalog | None = None) -> HeldApproval | None:
+    """The record's held proposal, or None; with the agent's ``catalog``, what it would
+    reserve and change too."""
     held = rec.held
     if held is None:
         return None
+    spec = catalog.get(held.tool) if catalog is not None else None
+    reserves = changes = None
+    if spec is not None:
+        liability = tool_call_liability(spec.liability or ZERO)
+        reserves = {dim.value: str(liability.get(dim)) for dim in Dimension}
+        changes = [
+            Changed(name=c.name, before=c.before, after=c.after)
+            for c in spec.changes(held.args, rec.facts)
+        ]
     return HeldApproval(
         approval_id=held.approval_id,
         trajectory_id=rec.trajectory_id,
@@ -143,13 +170,16 @@ def held_of(rec: TrajectoryRecord) -> HeldApproval | None:
         digest=held.digest,
         tool=held.tool,
         arguments=held.args,
+        held_at=held.held_at,
         expires_at=held.expires_at,
         status=held.status.value,
+        reserves=reserves,
+        changes=changes or [],
     )
 
 
-def trajectory_of(rec: TrajectoryRecord) -> Trajectory:
-    """The view of one record."""
+def trajectory_of(rec: TrajectoryRecord, catalog: Catalog | None = None) -> Trajectory:
+    """The view of one record (its held proposal's reservation and changes with ``catalog``)."""
     budget = {}
     for dim in Dimension:
         acct = rec.ledger.account(dim)
@@ -168,6 +198,6 @@ def trajectory_of(rec: TrajectoryRecord) -> Trajectory:
         closing_message=rec.closing_message,
         turn=rec.turn,
         budget=budget,
-        held_approval=held_of(rec),
+        held_approval=held_of(rec, catalog),
         pending_control=rec.pending_control.kind.value if rec.pending_control else None,
     )

@@ -10,6 +10,7 @@ Withdrawal never refunds: outstanding operations keep their reservations until e
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from kernel import waits
 from kernel.amounts import ZERO, Dimension, tool_call_liability
@@ -264,6 +265,14 @@ def _decided_hold(draft: Draft, ev: ApprovalDecided) -> HeldProposal:
     return held
 
 
+def _decision_detail(held: HeldProposal, ev: ApprovalDecided) -> dict[str, Any]:
+    """What the chain keeps of a decision: the approval, the reviewer and their comment."""
+    detail: dict[str, Any] = {"approval_id": held.approval_id, "reviewer": ev.reviewer}
+    if ev.comment:
+        detail["comment"] = ev.comment
+    return detail
+
+
 def _deny(draft: Draft, held: HeldProposal, ev: ApprovalDecided) -> None:
     held.status = ApprovalStatus.DENIED
     held.decided_at = ev.now
@@ -271,7 +280,7 @@ def _deny(draft: Draft, held: HeldProposal, ev: ApprovalDecided) -> None:
         RowKind.APPROVAL,
         tool=held.tool,
         outcome="denied",
-        detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
+        detail=_decision_detail(held, ev),
     )
     draft.recoverable("approval_denied", refusal(held.approval_id, "APPROVAL_DENIED"))
     draft.end_turn(Cause.WITHDRAWN)
@@ -315,7 +324,7 @@ def _approve(draft: Draft, held: HeldProposal, ev: ApprovalDecided) -> None:
         RowKind.APPROVAL,
         tool=held.tool,
         outcome="approved",
-        detail={"approval_id": held.approval_id, "reviewer": ev.reviewer},
+        detail=_decision_detail(held, ev),
     )
     try:
         dispatch(

@@ -79,6 +79,7 @@ class ApprovalDecided(_Event):
     digest: str
     reviewer: str
     approve: bool
+    comment: str = Field("", max_length=2000)  # the reviewer's words, kept in the chain row
 
 
 class ControlRequested(_Event):

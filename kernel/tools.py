@@ -42,6 +42,24 @@ def _never(args: Mapping[str, Any]) -> bool:
 
 
 @dataclass(frozen=True)
+class Change:
+    """One value a call would change, as the record's facts know it before the call."""
+
+    name: str  # the fact's name, e.g. ``ord_1001.refunded_cents``
+    before: Any  # None: the record holds no fact of it yet
+    after: Any
+
+
+#: What a call would change, from its arguments and the record's facts (a pure function, so a
+#: reviewer's screen can show it without touching the world); [] when it cannot say.
+ChangePreview = Callable[[Mapping[str, Any], Mapping[str, Any]], list[Change]]
+
+
+def _unknown(args: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Change]:
+    return []
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     """What a tool promises: argument schema, kind, timeout, liability, approval, facts."""
 
@@ -61,6 +79,7 @@ class ToolSpec:
         ""  # closing-message phrase once the effect happened ("your refund was issued")
     )
     not_done_text: str = ""  # phrase when it did not ("the confirmation email was not sent")
+    changes: ChangePreview = _unknown  # what a call would change, for its reviewer
 
     def __post_init__(self) -> None:
         resends = self.kind is ToolKind.WRITE and self.on_unknown is OnUnknown.RESEND
@@ -136,6 +155,7 @@ def tool(
     deduplicates: bool = False,
     done_text: str = "",
     not_done_text: str = "",
+    changes: ChangePreview = _unknown,
 ) -> Callable[[Callable[..., Any]], DeclaredTool]:
     """Declare a tool: ``@tool(RefundArgs, kind=ToolKind.WRITE, ...)`` over its implementation."""
 
@@ -155,6 +175,7 @@ def tool(
             deduplicates=deduplicates,
             done_text=done_text,
             not_done_text=not_done_text,
+            changes=changes,
         )
         return DeclaredTool(spec=spec, fn=fn)
 

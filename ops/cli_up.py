@@ -155,6 +155,7 @@ def _next_steps(url: str, keys: dict[str, str], home: Path) -> None:
         'on order ord_1001" --follow\n',
         soft_wrap=True,
     )
+    console.print(f"The console: {url}/ui (sign in with the same key).")
     console.print("Ctrl-C stops everything started here.")
 
 

@@ -243,6 +243,7 @@ class RouterApi:
         digest: str,
         reviewer: str,
         approve: bool,
+        comment: str = "",
     ) -> StepResult:
         """A reviewer's decision on a held proposal; it must name id, version and digest."""
         event = ApprovalDecided(
@@ -252,6 +253,7 @@ class RouterApi:
             digest=digest,
             reviewer=reviewer,
             approve=approve,
+            comment=comment,
         )
         return self.deliver(tenant, trajectory_id, event)
 

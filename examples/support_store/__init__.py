@@ -6,6 +6,7 @@ ord_1001"``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -16,7 +17,7 @@ from examples.support_store.policies import RefundPolicy
 from kernel.agent import AgentModule, AgentProfile, LoopShape, ModelRef
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
-from kernel.tools import Catalog, DeclaredTool, OnUnknown, ToolKind, tool
+from kernel.tools import Catalog, Change, DeclaredTool, OnUnknown, ToolKind, tool
 
 
 class OrderArgs(BaseModel):
@@ -44,6 +45,20 @@ def _over_limit(args: Any) -> bool:
     return int(args.get("amount_cents", 0)) > AUTO_LIMIT
 
 
+def _refund_changes(args: Mapping[str, Any], facts: Mapping[str, Any]) -> list[Change]:
+    """The order's refunded amount before and after, once ``get_order`` has read it."""
+    order = args.get("order_id")
+    before = facts.get(f"{order}.refunded_cents")
+    if not isinstance(before, int):
+        return []
+    after = before + int(args.get("amount_cents", 0))
+    out = [Change(f"{order}.refunded_cents", before, after)]
+    total = facts.get(f"{order}.total_cents")
+    if isinstance(total, int):
+        out.append(Change(f"{order}.refundable_cents", total - before, total - after))
+    return out
+
+
 @tool(OrderArgs, facts=("order_status", "total_cents", "refunded_cents"), fact_key="order_id")
 def get_order(order_id: str) -> None:
     """Read an order's status, total and refunded amount."""
@@ -68,6 +83,7 @@ def refund_tool(on_unknown: OnUnknown = OnUnknown.STOP) -> DeclaredTool:
         liability=Decimal(0),
         done_text="your refund was issued",
         not_done_text="the refund was not issued",
+        changes=_refund_changes,
     )
     def issue_refund(order_id: str, amount_cents: int, reason: str = "") -> None:
         """Refund part of an order; above the automatic limit it needs approval."""
