@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kernel.errors import ConfigError
 
 PREFIX = "REINS_"
+TEST_PREFIX = "REINS_TEST_"  # the test suite's own variables (its Redis, its screenshots)
 
 
 class Settings(BaseModel):
@@ -113,7 +114,7 @@ class Settings(BaseModel):
         values: dict[str, Any] = {}
         known = set(cls.model_fields)
         for name, raw in env.items():
-            if not name.startswith(PREFIX):
+            if not name.startswith(PREFIX) or name.startswith(TEST_PREFIX):
                 continue
             field = name[len(PREFIX) :].lower()
             if field not in known:

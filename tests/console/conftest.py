@@ -11,6 +11,7 @@ from tests.api.conftest import (  # noqa: F401 - fixtures, found by name
     acme_held,
     api_env,
     applied,
+    fleet,
     fleet_file,
     http,
     keys,

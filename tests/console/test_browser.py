@@ -1,11 +1,12 @@
 """The console in a real browser against a real fleet (API, router and worker processes): a
 reviewer signs in, sees a held refund appear, approves it, watches the run finish live, and the
-refund happens once; another tenant's key sees nothing of it. Screenshots go to docs/img/."""
+refund happens once; another tenant's key sees nothing of it. Screenshots go to docs/img/ with
+REINS_TEST_SCREENSHOTS=1."""
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +22,7 @@ from ops.fleet_local import LocalFleet
 from store.redis_store import RedisStore
 from tests.api.conftest import Keys
 from tests.api.held import refund_body
-from tests.api.processes import fleet_env, start_fleet
+from tests.api.processes import start_fleet
 from tests.console.browser import audit, chromium, layout_shift
 from tests.fleet.harness import seed_orders
 from tests.support import wait_for
@@ -31,14 +32,12 @@ IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
 @pytest.fixture
-def fleet(
-    key_prefix: str, tmp_path: Path, redis_client: redis.Redis, applied: int
-) -> Iterator[LocalFleet]:
-    processes = LocalFleet(fleet_env(key_prefix), tmp_path, redis_client)
-    try:
-        yield processes
-    finally:
-        processes.close()
+def images(tmp_path: Path) -> Path:
+    """Where the screenshots go: docs/img/ when REINS_TEST_SCREENSHOTS=1 (how the README's
+    pictures are made), else the test's own folder, so a test run leaves the tree as it was."""
+    if os.environ.get("REINS_TEST_SCREENSHOTS") == "1":
+        return IMAGES
+    return tmp_path
 
 
 def sign_in(driver: webdriver.Chrome, url: str, key: str) -> None:
@@ -55,11 +54,11 @@ def sign_out(driver: webdriver.Chrome) -> None:
     wait_for(lambda: "/ui/signin" in driver.current_url, 20, "the sign-out")
 
 
-def picture(driver: webdriver.Chrome, name: str, height: int = 1150) -> None:
-    """Save a screenshot of the page to docs/img/, tall enough to show it whole, then give the
+def picture(driver: webdriver.Chrome, folder: Path, name: str, height: int = 1150) -> None:
+    """Save a screenshot of the page to ``folder``, tall enough to show it whole, then give the
     window back its laptop size."""
     driver.set_window_size(1366, height)
-    driver.save_screenshot(str(IMAGES / name))
+    assert driver.save_screenshot(str(folder / name)), name
     driver.set_window_size(1366, 900)
 
 
@@ -101,7 +100,7 @@ def assert_sees_nothing_of(url: str, key: str, tid: str, approval: str, digest: 
 
 
 def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
-    fleet: LocalFleet, keys: Keys, redis_client: redis.Redis, key_prefix: str
+    fleet: LocalFleet, keys: Keys, redis_client: redis.Redis, key_prefix: str, images: Path
 ) -> None:
     url = start_fleet(fleet)
     store = RedisStore(redis_client, prefix=key_prefix)
@@ -136,7 +135,7 @@ def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
         driver.refresh()  # the page as a reviewer opens it, for its picture and its audit
         wait_for(lambda: len(held_keys(driver)) == 1, 20, "the inbox")
         assert audit(driver) == []
-        picture(driver, "console-inbox.png")
+        picture(driver, images, "console-inbox.png")
 
         comment = driver.find_element(By.ID, "comment-1")
         comment.send_keys("checked the photo of the damage")
@@ -169,7 +168,7 @@ def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
         assert "checked the photo of the damage" in timeline and "approved" in timeline
         assert layout_shift(driver) == 0.0, "live updates moved the page"
         assert audit(driver) == []
-        picture(driver, "console-trajectory.png")
+        picture(driver, images, "console-trajectory.png")
 
         refunds = [e for e in backend.effects() if e[0] == "refund"]
         assert len(refunds) == 1, refunds
@@ -186,7 +185,7 @@ def test_a_reviewer_approves_a_held_refund_in_the_browser_and_watches_it_finish(
         assert [r.text for r in rows] == ["acme", "globex"]
         assert "w1" in driver.page_source and "w2" in driver.page_source
         assert audit(driver) == []
-        picture(driver, "console-fairness.png", height=800)
+        picture(driver, images, "console-fairness.png", height=800)
 
         sign_out(driver)
         sign_in(driver, url, keys.globex)

@@ -40,3 +40,12 @@ def test_metrics_are_off_by_default_and_the_port_is_bounded() -> None:
             Settings.from_env({"REINS_METRICS_PORT": bad})
     with pytest.raises(ConfigError, match="REINS_METRICS_HOST"):
         Settings.from_env({"REINS_METRICS_HOST": ""})
+
+
+def test_the_test_suites_variables_are_not_settings() -> None:
+    """REINS_TEST_* names belong to the test suite (its Redis, its screenshots): a process the
+    tests start ignores them; any other unknown REINS_ name is still refused."""
+    s = Settings.from_env({"REINS_TEST_REDIS_URL": "redis://127.0.0.1:6379/3"})
+    assert s == Settings.from_env({})
+    with pytest.raises(ConfigError, match="REINS_TESTS_REDIS_URL"):
+        Settings.from_env({"REINS_TESTS_REDIS_URL": "x"})
