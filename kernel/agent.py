@@ -10,6 +10,7 @@ from typing import Any
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
 from kernel.record import TrajectoryRecord
+from kernel.scratchpad import ScratchpadPolicy
 from kernel.tools import Catalog, ToolBackend
 
 
@@ -86,6 +87,7 @@ class AgentProfile:
     wait: WaitPolicy = field(default_factory=WaitPolicy)
     escalation: Escalation | None = None
     acceptance: Acceptance | None = None
+    scratchpad: ScratchpadPolicy | None = None  # None: the state view alone, no past steps
 
 
 #: A scripted model's policy: (the view as data, the call's number) -> the reply.
