@@ -2,7 +2,8 @@
 
 :func:`create_app` builds the application over a :class:`~api.front.Front` (wired from the
 settings unless given); nothing connects at import. Routes: :mod:`api.routes` (trajectories,
-approvals, usage) and :mod:`api.fleet_routes` (the operator's ring, drain, remove); errors are
+approvals, usage), :mod:`api.memory_routes` (the tenant's facts and episodes) and
+:mod:`api.fleet_routes` (the operator's ring, drain, remove); errors are
 problem details (:mod:`api.problems`). Design: ``docs/adr/0110-api.md``.
 """
 
@@ -14,7 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse
 
-from api import fleet_routes, problems, routes
+from api import fleet_routes, memory_routes, problems, routes
 from api.auth import front_of
 from api.front import Front
 from api.limits import BodyLimit
@@ -41,6 +42,7 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(fleet_routes.router)
+    app.include_router(memory_routes.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, bool]:

@@ -56,6 +56,9 @@ def _register_subcommands() -> None:
     from ops import cli_ring
 
     app.add_typer(cli_ring.ring_app, name="ring")
+    from ops import cli_memory
+
+    app.add_typer(cli_memory.memory_app, name="memory")
 
 
 def main() -> None:
