@@ -36,7 +36,8 @@ from kernel.record import TrajectoryRecord
 from kernel.states import LIVE
 from kernel.step import step
 from kernel.tools import ToolBackend
-from worker.backend import dispatch
+from store.memory_base import MemoryBank
+from worker import memory_tools
 from worker.models import Model
 
 
@@ -80,8 +81,10 @@ class EmbeddedRunner:
         clock: Clock | None = None,
         commit: Commit | None = None,
         max_events: int = 10_000,
+        memory: MemoryBank | None = None,
     ) -> None:
         self.ctx, self.model, self.backend = ctx, model, backend
+        self.memory = memory  # where the memory tools go (None: to ``backend`` like any tool)
         self.clock = clock or Clock()
         self.commit = commit
         self.max_events = max_events
@@ -140,7 +143,8 @@ class EmbeddedRunner:
             return reply.replied(cmd.call_id, self.clock.now())
         if isinstance(cmd, DispatchTool | LookupEffect):
             looked_up = isinstance(cmd, LookupEffect)
-            result, secs = dispatch(self.backend, rec.user, cmd)
+            now = self.clock.now()
+            result, secs = memory_tools.carry_out(self.backend, self.memory, rec, cmd, now)
             self.clock.advance(secs)
             return ToolResulted(
                 now=self.clock.now(),

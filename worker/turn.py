@@ -251,6 +251,8 @@ class TurnRunner:
         report = TurnReport(
             end.kind, end.reason, rec.record_version - turn.first, rec.record_version
         )
+        if end.kind is NoticeKind.FINISHED:
+            self._carrier.remember_episode(rec)
         if end.kind is not NoticeKind.READY:
             notice = Notice(
                 end.kind, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id

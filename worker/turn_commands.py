@@ -13,7 +13,7 @@ from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect,
 from kernel.record import TrajectoryRecord
 from kernel.tools import ToolKind
 from router.feed import CancelListener
-from worker.backend import dispatch
+from worker import memory_tools
 from worker.fleet_agents import TurnTools
 from worker.providers.base import InflightCalls
 
@@ -63,6 +63,13 @@ class CommandCarrier:
             used = u.uncached_input + u.cached_input + u.output
         return reply.replied(cmd.call_id, self.clock()), used
 
+    def remember_episode(self, rec: TrajectoryRecord) -> None:
+        """Write the episode of ``rec``, which a turn ended, if its agent keeps episodes."""
+        memory = self.tools.memory
+        policy = self.tools.profile(rec.agent).memory
+        if memory is not None and policy is not None and policy.episodes:
+            memory_tools.write_episode(memory, rec, self.clock(), policy.episodes_per_user)
+
     def call_tool(self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect) -> ToolResulted:
         """One tool call (or effect lookup) through the agent's backend; a backend that raises
         gives an ``unknown`` outcome for a write, an ``error`` for a read."""
@@ -71,7 +78,8 @@ class CommandCarrier:
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
             cmd = cmd.model_copy(update={"timeout_s": self.max_call_s})
         try:
-            result, secs = dispatch(backend, rec.user, cmd)
+            memory = self.tools.memory
+            result, secs = memory_tools.carry_out(backend, memory, rec, cmd, self.clock())
         except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
             log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
             result, secs = {"status": "unknown", "code": "backend_error"}, 0.0
