@@ -150,6 +150,12 @@ class Metrics(RouterObserver, TurnObserver):
         self.tool_calls = Counter(
             "reins_tool_calls", "Tool results by outcome.", ["tool", "outcome"], registry=r
         )
+        self.compactions = Counter(
+            "reins_compactions",
+            "Scratchpad compactions: model calls that folded old steps into the summary.",
+            ["tenant"],
+            registry=r,
+        )
         self.stops = Counter(
             "reins_trajectory_stops",
             "Trajectories ended, by stop reason.",
@@ -272,6 +278,8 @@ class Metrics(RouterObserver, TurnObserver):
             if row.kind is RowKind.MODEL:
                 status = row.outcome if row.outcome in _REPLY_STATUSES else OTHER
                 self.model_calls.labels(provider or NO_PROVIDER, status).inc()
+                if (row.detail or {}).get("purpose") == "compaction":
+                    self.compactions.labels(tenant).inc()
             elif row.kind is RowKind.TOOL and row.outcome != "progress":
                 outcome = row.outcome if row.outcome in TOOL_OUTCOMES else OTHER
                 self.tool_calls.labels(row.tool or OTHER, outcome).inc()
