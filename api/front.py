@@ -111,6 +111,7 @@ class Front:
                     admitter=None,
                     sender=self._send,
                     ring=self._ring,
+                    memory=self.memory,
                 )
                 self._api = (fleet.version, api)
             return self._api[1]

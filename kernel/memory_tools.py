@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -33,6 +33,12 @@ class MemoryPolicy:
 
     episodes: bool = True
     episodes_per_user: bool = False
+    recall_episodes: int = 0  # how many recalled episodes the first view shows
+
+
+def episode_view(item: MemoryItem) -> dict[str, Any]:
+    """An earlier run's episode as a later run's first view shows it."""
+    return {"written_ms": item.written_ms, **item.value}
 
 
 class RememberArgs(BaseModel):

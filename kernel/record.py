@@ -26,7 +26,7 @@ from kernel.modeljson import json_native, model_json
 from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 3  # 2: the ledger's overrun; 3: the scratchpad
+SCHEMA_VERSION = 3  # 2: the ledger's overrun; 3: the scratchpad and recalled episodes
 # A version-1 record reads without the overrun, a version 1 or 2 without the scratchpad.
 READABLE_SCHEMAS = frozenset({1, 2, SCHEMA_VERSION})
 
@@ -229,6 +229,7 @@ class TrajectoryRecord(Mutable):
     facts: dict[str, JsonScalar] = Field(default_factory=dict)
     last_observation: dict[str, Any] | None = None
     scratchpad: Scratchpad | None = None  # the agent's past steps, when its profile keeps them
+    episodes: list[dict[str, Any]] | None = None  # earlier runs recalled at submission
     # limits and accounting
     budget: Budget
     ledger: Ledger

@@ -36,6 +36,8 @@ def render(rec: TrajectoryRecord) -> str:
     }
     if rec.scratchpad is not None:
         view["history"] = history(rec.scratchpad)
+    if rec.episodes:
+        view["earlier_runs"] = rec.episodes
     if rec.escalation is not None:
         view["budget_notice"] = {
             "stage": rec.escalation,

@@ -87,7 +87,7 @@ def _agent() -> AgentModule:
     profile = replace(
         base.profile,
         catalog=Catalog.of([*specs, *(t.spec for t in tools)]),
-        memory=MemoryPolicy(episodes=True, episodes_per_user=True),
+        memory=MemoryPolicy(episodes=True, episodes_per_user=True, recall_episodes=3),
     )
     return replace(base, profile=profile, make_policy=RememberingPolicy.from_goal)
 

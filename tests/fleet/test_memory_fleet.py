@@ -5,7 +5,8 @@ Arabic; it notes that as the customer's fact (``remember_fact``, carried out by 
 worker takes the turn, the owner taken from the trajectory). The customer's next run, whose
 goal says nothing of it, recalls it and sends the confirmation in Arabic; another customer's
 run of the same tenant and agent recalls nothing and writes in English. Each ended run leaves
-an episode under its customer.
+an episode under its customer, and the customer's next run is submitted with the earlier
+run's episode in its first view.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import redis
 
 from examples.support_store.state import RedisState
 from kernel.memory import MemoryKind, Scope
+from kernel.render import render
 from kernel.states import StopReason
 from ops.fleet_local import LocalFleet
 from store.memory_redis import RedisMemory
@@ -66,6 +68,11 @@ def test_a_customers_preference_noted_in_one_run_is_used_in_the_next(
     [fact] = memory.items("acme", MemoryKind.FACT)
     assert (fact.scope, fact.subject, fact.value) == (Scope.USER, "cu_ana", {"text": "ar"})
     episodes = memory.items("acme", MemoryKind.EPISODE)
+    # the customer's next run was submitted with her earlier run in its first view; bob's not
+    [earlier] = records[1].episodes or []
+    assert (earlier["goal"], earlier["outcome"]) == (records[0].goal, "done")
+    assert records[0].goal in render(records[1])  # the model is shown it
+    assert records[2].episodes is None
     assert sorted((e.subject, e.key, e.value["outcome"]) for e in episodes) == sorted(
         [("cu_ana", ids[0], "done"), ("cu_ana", ids[1], "done"), ("cu_bob", ids[2], "done")]
     )
