@@ -36,8 +36,7 @@ from kernel.record import TrajectoryRecord
 from kernel.states import LIVE
 from kernel.step import step
 from kernel.tools import ToolBackend
-from store.memory_base import MemoryBank
-from worker import memory_tools
+from worker.backend import dispatch
 from worker.models import Model
 
 
@@ -81,10 +80,8 @@ class EmbeddedRunner:
         clock: Clock | None = None,
         commit: Commit | None = None,
         max_events: int = 10_000,
-        memory: MemoryBank | None = None,
     ) -> None:
         self.ctx, self.model, self.backend = ctx, model, backend
-        self.memory = memory  # where the memory tools go (None: to ``backend`` like any tool)
         self.clock = clock or Clock()
         self.commit = commit
         self.max_events = max_events
@@ -143,8 +140,7 @@ class EmbeddedRunner:
             return reply.replied(cmd.call_id, self.clock.now())
         if isinstance(cmd, DispatchTool | LookupEffect):
             looked_up = isinstance(cmd, LookupEffect)
-            now = self.clock.now()
-            result, secs = memory_tools.carry_out(self.backend, self.memory, rec, cmd, now)
+            result, secs = dispatch(self.backend, rec.user, cmd)
             self.clock.advance(secs)
             return ToolResulted(
                 now=self.clock.now(),

@@ -9,49 +9,81 @@ effort: a memory store that does not answer costs the episode, never the turn.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from kernel.agent import AgentProfile
 from kernel.errors import ReinsError
-from kernel.events import DispatchTool, LookupEffect
 from kernel.memory import MemoryItem, MemoryKind, Scope, Visibility, ms
 from kernel.memory_tools import DAY_MS, MEMORY_TOOL_NAMES, RecallArgs, RememberArgs, episode_of
 from kernel.record import TrajectoryRecord
 from kernel.tools import ToolBackend
 from store.memory_base import MemoryBank
-from worker.backend import dispatch
 
 log = logging.getLogger("reins.worker.memory")
 
 
-def carry_out(
-    backend: ToolBackend,
-    memory: MemoryBank | None,
-    rec: TrajectoryRecord,
-    cmd: DispatchTool | LookupEffect,
-    now_s: float,
-) -> tuple[dict[str, Any], float]:
-    """One tool command: a memory tool against ``memory`` (when there is one), any other
-    through the agent's ``backend``."""
-    if memory is not None and isinstance(cmd, DispatchTool) and cmd.tool in MEMORY_TOOL_NAMES:
-        return call(memory, rec, cmd, now_s)
-    return dispatch(backend, rec.user, cmd)
+def uses_memory(profile: AgentProfile) -> bool:
+    """True when the agent declares a memory tool or keeps episodes."""
+    return profile.memory is not None or any(n in profile.catalog for n in MEMORY_TOOL_NAMES)
+
+
+class MemoryBackend:
+    """An agent's tool backend with the memory tools of one trajectory's owners in front:
+    ``remember_fact`` and ``recall_facts`` go to ``bank`` under ``tenant``, the calling user and
+    ``agent``; every other call and lookup goes to ``inner`` as it was."""
+
+    def __init__(
+        self,
+        inner: ToolBackend,
+        bank: MemoryBank,
+        tenant: str,
+        agent: str,
+        clock: Callable[[], float],
+    ) -> None:
+        self.inner, self.bank, self.tenant, self.agent, self.clock = (
+            inner,
+            bank,
+            tenant,
+            agent,
+            clock,
+        )
+
+    def call(
+        self,
+        user: str,
+        tool: str,
+        args: dict[str, Any],
+        key: str,
+        timeout_s: float,
+        approval: str | None = None,
+        *,
+        fence: int,
+    ) -> tuple[dict[str, Any], float]:
+        """A memory tool against the bank; any other tool through the inner backend."""
+        if tool not in MEMORY_TOOL_NAMES:
+            return self.inner.call(user, tool, args, key, timeout_s, approval, fence=fence)
+        return call(self.bank, Visibility(self.tenant, user, self.agent), tool, args, self.clock())
+
+    def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
+        """The inner backend's lookup (memory tools are re-sent, never looked up)."""
+        return self.inner.lookup(tool, key, fence=fence)
 
 
 def call(
-    bank: MemoryBank, rec: TrajectoryRecord, cmd: DispatchTool, now_s: float
+    bank: MemoryBank, owners: Visibility, tool: str, raw: dict[str, Any], now_s: float
 ) -> tuple[dict[str, Any], float]:
-    """Carry out ``remember_fact`` or ``recall_facts`` for ``rec``; (result, seconds)."""
+    """Carry out ``remember_fact`` or ``recall_facts`` for the caller ``owners``."""
     now = ms(now_s)
-    if cmd.tool == "remember_fact":
-        args = RememberArgs.model_validate(cmd.args)
-        scope = Scope(args.scope)
-        subject = {Scope.USER: rec.user, Scope.TENANT: "", Scope.AGENT: rec.agent}[scope]
+    if tool == "remember_fact":
+        args = RememberArgs.model_validate(raw)
+        owner = owners.owner(Scope(args.scope))
         bank.put(
             MemoryItem(
                 kind=MemoryKind.FACT,
-                tenant=rec.tenant,
-                scope=scope,
-                subject=subject,
+                tenant=owner.tenant,
+                scope=owner.scope,
+                subject=owner.subject,
                 key=args.key,
                 value={"text": args.value},
                 tags=args.tags,
@@ -60,9 +92,8 @@ def call(
             )
         )
         return {"status": "ok", "code": "remembered", "key": args.key}, 0.0
-    wanted = RecallArgs.model_validate(cmd.args)
-    caller = Visibility(rec.tenant, rec.user, rec.agent)
-    found = bank.recall(caller, MemoryKind.FACT, wanted.tags, now, wanted.limit)
+    wanted = RecallArgs.model_validate(raw)
+    found = bank.recall(owners, MemoryKind.FACT, wanted.tags, now, wanted.limit)
     facts = [{"key": i.key, "value": i.value.get("text"), "scope": i.scope.value} for i in found]
     return {"status": "ok", "code": "recalled", "facts": facts}, 0.0
 

@@ -14,7 +14,9 @@ from kernel.record import TrajectoryRecord
 from kernel.tools import ToolKind
 from router.feed import CancelListener
 from worker import memory_tools
+from worker.backend import dispatch
 from worker.fleet_agents import TurnTools
+from worker.memory_tools import MemoryBackend
 from worker.providers.base import InflightCalls
 
 log = logging.getLogger("reins.worker.turn")
@@ -74,12 +76,13 @@ class CommandCarrier:
         """One tool call (or effect lookup) through the agent's backend; a backend that raises
         gives an ``unknown`` outcome for a write, an ``error`` for a read."""
         backend = self.tools.backend(rec.agent)
+        if self.tools.memory is not None:
+            backend = MemoryBackend(backend, self.tools.memory, rec.tenant, rec.agent, self.clock)
         looked_up = isinstance(cmd, LookupEffect)
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
             cmd = cmd.model_copy(update={"timeout_s": self.max_call_s})
         try:
-            memory = self.tools.memory
-            result, secs = memory_tools.carry_out(backend, memory, rec, cmd, self.clock())
+            result, secs = dispatch(backend, rec.user, cmd)
         except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
             log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
             result, secs = {"status": "unknown", "code": "backend_error"}, 0.0

@@ -13,23 +13,27 @@ from kernel.memory import MemoryKind
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
 from store.memory_sqlite import SqliteMemory
+from tests.support.clock import ManualClock
 from worker.embedded import EmbeddedRunner
+from worker.memory_tools import MemoryBackend
 from worker.models import ScriptedModel
+
+CLOCK = ManualClock(1_800_000_000.0)
 
 
 def run(memory: SqliteMemory, backend: SupportStoreBackend, goal: str, user: str, tid: str):  # type: ignore[no-untyped-def]
+    ref = "examples.support_store.remembering:agent"
     runner = EmbeddedRunner(
         KernelContext(agent.profile),
         ScriptedModel(RememberingPolicy.from_goal(goal)),
-        backend,
-        memory=memory,
+        MemoryBackend(backend, memory, "acme", ref, CLOCK),
     )
     rec = TrajectoryRecord.create(
         trajectory_id=tid,
         tenant="acme",
         user=user,
         goal=goal,
-        agent="examples.support_store.remembering:agent",
+        agent=ref,
         budget=Budget(),
         now=0.0,
     )
