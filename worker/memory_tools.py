@@ -41,13 +41,8 @@ class MemoryBackend:
         agent: str,
         clock: Callable[[], float],
     ) -> None:
-        self.inner, self.bank, self.tenant, self.agent, self.clock = (
-            inner,
-            bank,
-            tenant,
-            agent,
-            clock,
-        )
+        self.inner, self.bank, self.clock = inner, bank, clock
+        self.tenant, self.agent = tenant, agent
 
     def call(
         self,
