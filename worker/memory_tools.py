@@ -40,9 +40,11 @@ class MemoryBackend:
         tenant: str,
         agent: str,
         clock: Callable[[], float],
+        on_recall: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.inner, self.bank, self.clock = inner, bank, clock
         self.tenant, self.agent = tenant, agent
+        self.on_recall = on_recall  # told (tenant, hit) after each recall
 
     def call(
         self,
@@ -58,7 +60,11 @@ class MemoryBackend:
         """A memory tool against the bank; any other tool through the inner backend."""
         if tool not in MEMORY_TOOL_NAMES:
             return self.inner.call(user, tool, args, key, timeout_s, approval, fence=fence)
-        return call(self.bank, Visibility(self.tenant, user, self.agent), tool, args, self.clock())
+        owners = Visibility(self.tenant, user, self.agent)
+        result, secs = call(self.bank, owners, tool, args, self.clock())
+        if self.on_recall is not None and result.get("code") == "recalled":
+            self.on_recall(self.tenant, bool(result["facts"]))
+        return result, secs
 
     def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
         """The inner backend's lookup (memory tools are re-sent, never looked up)."""

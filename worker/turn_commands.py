@@ -36,9 +36,11 @@ class CommandCarrier:
         listener: CancelListener | None,
         clock: Callable[[], float],
         max_call_s: float = float("inf"),
+        on_recall: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.tools, self.inflight, self.listener, self.clock = tools, inflight, listener, clock
         self.max_call_s = max_call_s
+        self.on_recall = on_recall  # told whether each recall_facts found anything
 
     def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, int | None]:
         """Do what ``cmd`` asks; its event, and the model tokens it used (None: no evidence)."""
@@ -77,7 +79,9 @@ class CommandCarrier:
         gives an ``unknown`` outcome for a write, an ``error`` for a read."""
         backend = self.tools.backend(rec.agent)
         if self.tools.memory is not None:
-            backend = MemoryBackend(backend, self.tools.memory, rec.tenant, rec.agent, self.clock)
+            backend = MemoryBackend(
+                backend, self.tools.memory, rec.tenant, rec.agent, self.clock, self.on_recall
+            )
         looked_up = isinstance(cmd, LookupEffect)
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
             cmd = cmd.model_copy(update={"timeout_s": self.max_call_s})

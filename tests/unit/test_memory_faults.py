@@ -87,3 +87,23 @@ def test_an_episode_the_store_refuses_is_dropped_and_reported() -> None:
     assert write_episode(bank, ended, 1_800_000_000.0, per_user=True) is True
     [episode] = bank.items("acme", MemoryKind.EPISODE)
     assert (episode.subject, episode.value["outcome"]) == ("cu_ana", "done")
+
+
+def test_each_recall_reports_a_hit_or_a_miss_for_the_tenant() -> None:
+    bank = DictMemory()
+    seen: list[tuple[str, bool]] = []
+    tools = TurnTools(
+        AgentCache(), {}, backend_factory=lambda a, r: SupportStoreBackend(), memory=bank
+    )
+    carrier = CommandCarrier(
+        tools,
+        InflightCalls(),
+        None,
+        lambda: 1_800_000_000.0,
+        on_recall=lambda t, h: seen.append((t, h)),
+    )
+    rec = record()
+    carrier.call_tool(rec, command("recall_facts", {"tags": ["lang"]}))
+    carrier.call_tool(rec, command("remember_fact", {"key": "k", "value": "ar", "tags": ["lang"]}))
+    carrier.call_tool(rec, command("recall_facts", {"tags": ["lang"]}))
+    assert seen == [("acme", False), ("acme", True)]
