@@ -2,8 +2,9 @@
 
 :func:`create_app` builds the application over a :class:`~api.front.Front` (wired from the
 settings unless given); nothing connects at import. Routes: :mod:`api.routes` (trajectories,
-approvals, usage) and :mod:`api.fleet_routes` (the operator's ring, drain, remove); errors are
-problem details (:mod:`api.problems`); the web console at ``/ui`` (:mod:`api.console`).
+approvals, usage), :mod:`api.memory_routes` (the tenant's facts and episodes) and
+:mod:`api.fleet_routes` (the operator's ring, drain, remove); errors are problem details
+(:mod:`api.problems`); the web console at ``/ui`` (:mod:`api.console`).
 Design: ``docs/adr/0110-api.md``.
 """
 
@@ -16,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import JSONResponse
 
-from api import fleet_routes, problems, routes
+from api import fleet_routes, memory_routes, problems, routes
 from api.auth import front_of
 from api.console import pages as console
 from api.front import Front
@@ -44,6 +45,7 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(fleet_routes.router)
+    app.include_router(memory_routes.router)
     app.mount("/ui/static", StaticFiles(directory=console.HERE / "static"), name="console-static")
     app.include_router(console.router)
 

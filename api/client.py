@@ -177,6 +177,19 @@ class ReinsClient:
         """The tenant's usage (every tenant's, for an operator key)."""
         return cast(list[JsonDict], _json(self.http.get("/v1/usage")))
 
+    def memory(self, kind: str | None = None, user: str | None = None) -> JsonDict:
+        """The tenant's facts and episodes (of ``kind``; in ``user``'s own scope)."""
+        params = {k: v for k, v in (("kind", kind), ("user", user)) if v}
+        return cast(JsonDict, _json(self.http.get("/v1/memory", params=params)))
+
+    def forget(self, item_id: str) -> None:
+        """Delete one fact or episode of the tenant."""
+        _raise_for(self.http.delete(f"/v1/memory/items/{item_id}"))
+
+    def erase_user(self, user: str) -> JsonDict:
+        """Delete everything in ``user``'s own scope (an erasure request)."""
+        return cast(JsonDict, _json(self.http.delete(f"/v1/memory/users/{user}")))
+
     def ring(self) -> JsonDict:
         """The ring (operator keys)."""
         return cast(JsonDict, _json(self.http.get("/v1/fleet/ring")))

@@ -1,5 +1,5 @@
-"""What the API process holds: the store, the feed, the fleet's configuration, the keys, and a
-router API (:class:`router.submit.RouterApi`) over them that never admits.
+"""What the API process holds: the store, the feed, the fleet's configuration, the keys,
+memory, and a router API (:class:`router.submit.RouterApi`) over them that never admits.
 
 The API queues a new trajectory with a notice on the feed, as a worker does (a router admits
 it); it sends only what a decision or a control request itself asks (the tool dispatch an
@@ -30,6 +30,7 @@ from router.fleet_config import ConfigSource, FleetConfig, importable
 from router.membership import Membership
 from router.ring import Ring
 from router.submit import RouterApi, Submitted
+from store.memory_redis import RedisMemory
 from store.redis_client import client_for
 from store.redis_store import RedisStore
 
@@ -49,6 +50,7 @@ class Front:
     keys: KeyRing
     idempotency: IdempotencyKeys
     membership: Membership
+    memory: RedisMemory
     agents: AgentCache = field(default_factory=AgentCache)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _send_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -73,6 +75,7 @@ class Front:
             keys=KeyRing(client, prefix, remember_s=KEYS_REMEMBERED_S),
             idempotency=IdempotencyKeys(client, prefix),
             membership=Membership.of(client, settings),
+            memory=RedisMemory(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts),
         )
 
     def tail(self) -> Any:
@@ -117,6 +120,7 @@ class Front:
                     admitter=None,
                     sender=self._send,
                     ring=self._ring,
+                    memory=self.memory,
                 )
                 self._api = (fleet.version, api)
             return self._api[1]

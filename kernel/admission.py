@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kernel.amounts import Amounts, Dimension, model_call_liability
 from kernel.chain import RowKind
+from kernel.compaction import mark, prepare
 from kernel.context import MISFIT_STOP, Draft
 from kernel.errors import AdmissionRefused
 from kernel.events import CallModel
@@ -83,11 +84,11 @@ def admit(draft: Draft) -> None:
         draft.stop(StopReason.DEADLINE)
         return
     ctx = draft.ctx
-    view = render(rec)
+    compacting = prepare(draft)
+    view, folds, cap = compacting or (render(rec), 0, budget.max_output_tokens)
     tokens_in = ctx.reserved_input(ctx.estimator(view))
-    cap = budget.max_output_tokens
     liability = model_call_liability(ctx.agent.model.price, tokens_in, cap)
-    if ctx.agent.escalation is not None and escalate(draft, liability):
+    if compacting is None and ctx.agent.escalation is not None and escalate(draft, liability):
         view = render(rec)  # the view now carries the escalation notice
         tokens_in = ctx.reserved_input(ctx.estimator(view))
         liability = model_call_liability(ctx.agent.model.price, tokens_in, cap)
@@ -108,6 +109,7 @@ def admit(draft: Draft) -> None:
         )
         r.turn += 1
         r.turn_signature = signature(r)
+        mark(r, call_id, folds)
 
     try:
         transition(rec, S.CALLING_MODEL, draft.decide(Cause.ADMIT), draft.now, admit=register)

@@ -9,7 +9,9 @@ from typing import Any
 
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
+from kernel.memory_tools import MemoryPolicy
 from kernel.record import TrajectoryRecord
+from kernel.scratchpad import ScratchpadPolicy
 from kernel.tools import Catalog, ToolBackend
 
 
@@ -86,6 +88,8 @@ class AgentProfile:
     wait: WaitPolicy = field(default_factory=WaitPolicy)
     escalation: Escalation | None = None
     acceptance: Acceptance | None = None
+    scratchpad: ScratchpadPolicy | None = None  # None: the state view alone, no past steps
+    memory: MemoryPolicy | None = None  # None: no episodes (memory tools work if declared)
 
 
 #: A scripted model's policy: (the view as data, the call's number) -> the reply.

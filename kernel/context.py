@@ -205,12 +205,14 @@ class Draft:
 
     # --- ending a turn and ending the run ------------------------------------------------
 
-    def end_turn(self, cause: Cause) -> None:
-        """Back to READY; then the progress check decides between the queue and a stop."""
+    def end_turn(self, cause: Cause, counts_as_step: bool = True) -> None:
+        """Back to READY; then the progress check decides between the queue and a stop. A
+        turn that is not a step of the task (a compaction) neither stalls nor progresses."""
         rec = self.rec
         self.move(S.READY, cause)
         rec.wait_deadline = None
-        rec.stalls = 0 if signature(rec) != rec.turn_signature else rec.stalls + 1
+        if counts_as_step:
+            rec.stalls = 0 if signature(rec) != rec.turn_signature else rec.stalls + 1
         pc = rec.pending_control
         if pc is not None and pc.kind is not ControlKind.PAUSE:
             self.carry_out_pending_control()  # an operator's stop outranks the run's own

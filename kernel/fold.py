@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel import owed, shapes
+from kernel import compaction, owed, shapes
 from kernel.amounts import NOTHING, Amounts, model_call_charge
 from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
@@ -55,6 +55,8 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
         return
     if ev.timed_out or rec.active_s >= rec.budget.deadline_s:
         draft.stop(StopReason.DEADLINE)
+        return
+    if rec.scratchpad is not None and compaction.took_reply(draft, ev):
         return
     if ev.status is not ReplyStatus.COMPLETED:
         kind = ev.status.value.lower()
@@ -106,6 +108,9 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
     detail: dict[str, Any] = {"proposal": ev.content, "timed_out": ev.timed_out}
     if over is not NOTHING:
         detail["overrun"] = over.model_dump(mode="json")
+    pad = draft.rec.scratchpad
+    if pad is not None and pad.compacting == ev.call_id:
+        detail["purpose"] = "compaction"
     draft.row(
         RowKind.MODEL,
         call_id=ev.call_id,

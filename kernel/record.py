@@ -23,10 +23,12 @@ from kernel.errors import UnsupportedSchema
 from kernel.fastmodel import Mutable, construct, pinned_values, shallow_copy
 from kernel.ledger import Ledger
 from kernel.modeljson import json_native, model_json
+from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 2  # 2: the ledger's overrun
-READABLE_SCHEMAS = frozenset({1, SCHEMA_VERSION})  # a version-1 record reads as a 2 without it
+SCHEMA_VERSION = 3  # 2: the ledger's overrun; 3: the scratchpad and recalled episodes
+# A version-1 record reads without the overrun, a version 1 or 2 without the scratchpad.
+READABLE_SCHEMAS = frozenset({1, 2, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
 
@@ -226,6 +228,8 @@ class TrajectoryRecord(Mutable):
     plan_revision: int = 0
     facts: dict[str, JsonScalar] = Field(default_factory=dict)
     last_observation: dict[str, Any] | None = None
+    scratchpad: Scratchpad | None = None  # the agent's past steps, when its profile keeps them
+    episodes: list[dict[str, Any]] | None = None  # earlier runs recalled at submission
     # limits and accounting
     budget: Budget
     ledger: Ledger
@@ -311,6 +315,8 @@ class TrajectoryRecord(Mutable):
                 op.__dict__["attempts"] = fields["attempts"].copy()
         if d["held"] is not None:
             d["held"] = shallow_copy(d["held"])
+        if d["scratchpad"] is not None:
+            d["scratchpad"] = d["scratchpad"].clone()
         return new
 
     # --- serialisation ---------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any
 
 from kernel.jsontext import sorted_text
 from kernel.record import OpKind, PlanStep, TrajectoryRecord
+from kernel.scratchpad import history
 
 Estimator = Callable[[str], int]
 
@@ -33,6 +34,10 @@ def render(rec: TrajectoryRecord) -> str:
             "tokens": led.tokens.allowance - led.tokens.actual - led.tokens.reserved,
         },
     }
+    if rec.scratchpad is not None:
+        view["history"] = history(rec.scratchpad)
+    if rec.episodes:
+        view["earlier_runs"] = rec.episodes
     if rec.escalation is not None:
         view["budget_notice"] = {
             "stage": rec.escalation,

@@ -104,6 +104,9 @@ def spans_from_chain(rows: list[ChainRow], model: str = "") -> list[Span]:
                 **_overrun(r.detail),
             }
             name = f"chat {model}".strip()
+            if (r.detail or {}).get("purpose") == "compaction":
+                attrs["reins.purpose"] = "compaction"
+                name = f"compact {model}".strip()
         else:
             detail = r.detail or {}
             attrs = {

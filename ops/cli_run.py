@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 
 import typer
@@ -13,9 +14,12 @@ from rich.console import Console
 from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
+from kernel.tools import ToolBackend
 from ops.report import summary, table
 from router.agents import load_agent
+from store.memory_sqlite import SqliteMemory
 from store.sqlite import SqliteStore
+from worker.memory_tools import MemoryBackend, uses_memory, write_episode
 from worker.providers import make_model, with_model
 from worker.recording import RecordingRunner
 from worker.resume import store_commit
@@ -68,6 +72,11 @@ def run_cmd(
         now=0.0,
     )
     backend = agent.make_backend()
+    tools: ToolBackend = backend
+    memory = None
+    if uses_memory(agent.profile):  # facts and episodes outlive the run, in the SQLite file
+        memory = SqliteMemory.from_settings(Settings.from_env(os.environ))
+        tools = MemoryBackend(backend, memory, tenant, agent_ref, time.time)
     profile = with_model(
         agent.profile,
         provider=provider,
@@ -81,8 +90,13 @@ def run_cmd(
         store = SqliteStore.from_settings(Settings.from_env(os.environ))
         store.create(rec)
         commit = store_commit(store)
-    recorder = RecordingRunner(KernelContext(profile), model, backend, commit=commit)
+    recorder = RecordingRunner(KernelContext(profile), model, tools, commit=commit)
     out = recorder.start(rec)
+    if memory is not None:
+        policy = profile.memory
+        if out.record.stop_reason is not None and policy is not None and policy.episodes:
+            write_episode(memory, out.record, time.time(), policy.episodes_per_user)
+        memory.close()
     if record is not None and recorder.recording is not None:
         recorder.recording.save(record)
     effects = backend.effects() if hasattr(backend, "effects") else []

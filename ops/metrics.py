@@ -159,6 +159,18 @@ class Metrics(RouterObserver, TurnObserver):
         self.tool_calls = Counter(
             "reins_tool_calls", "Tool results by outcome.", ["tool", "outcome"], registry=r
         )
+        self.memory_recalls = Counter(
+            "reins_memory_recalls",
+            "recall_facts calls, by whether they found anything (hit or miss).",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.compactions = Counter(
+            "reins_compactions",
+            "Scratchpad compactions: model calls that folded old steps into the summary.",
+            ["tenant"],
+            registry=r,
+        )
         self.stops = Counter(
             "reins_trajectory_stops",
             "Trajectories ended, by stop reason.",
@@ -290,6 +302,8 @@ class Metrics(RouterObserver, TurnObserver):
             if row.kind is RowKind.MODEL:
                 status = row.outcome if row.outcome in _REPLY_STATUSES else OTHER
                 self.model_calls.labels(provider or NO_PROVIDER, status).inc()
+                if (row.detail or {}).get("purpose") == "compaction":
+                    self.compactions.labels(tenant).inc()
             elif row.kind is RowKind.TOOL and row.outcome != "progress":
                 outcome = row.outcome if row.outcome in TOOL_OUTCOMES else OTHER
                 self.tool_calls.labels(row.tool or OTHER, outcome).inc()
@@ -321,6 +335,10 @@ class Metrics(RouterObserver, TurnObserver):
     def on_turn(self, worker: str, seconds: float) -> None:
         """One turn took ``seconds`` of wall time on ``worker``."""
         self.turn_duration.labels(worker).observe(max(seconds, 0.0))
+
+    def on_recall(self, tenant: str, hit: bool) -> None:
+        """A ``recall_facts`` call found something or nothing."""
+        self.memory_recalls.labels(tenant, "hit" if hit else "miss").inc()
 
     @contextmanager
     def turn_timer(self, worker: str) -> Iterator[None]:

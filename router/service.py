@@ -41,6 +41,7 @@ from router.stranded import StrandedTurns
 from router.submit import RouterApi
 from router.sweeps import IndexCursor, ReadySweep
 from router.ticker import Ticker
+from store.memory_redis import RedisMemory
 
 __all__ = [
     "FLUSH_ADMISSIONS",
@@ -149,6 +150,7 @@ class RouterService:
             sender=self.outbox.now,
             ring=lambda: self.replica.ring,
             observer=self.observer,
+            memory=RedisMemory(self.client, prefix=self.settings.key_prefix),
         )
 
     # --- the tick ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from kernel.context import StepResult
 from kernel.errors import (
     InvalidInput,
     SnapshotExists,
+    StoreError,
     SubmissionRefused,
     UnknownAgent,
     UnknownTenant,
@@ -39,6 +40,8 @@ from kernel.events import (
     HoldForApproval,
     Recover,
 )
+from kernel.memory import MemoryKind, Visibility, ms
+from kernel.memory_tools import MemoryPolicy, episode_view, goal_tags
 from kernel.record import ControlKind, TrajectoryRecord
 from kernel.render import estimate_tokens, render
 from kernel.states import LifecycleState
@@ -53,6 +56,7 @@ from router.observe import CommitObserver
 from router.ring import Ring
 from router.tenants import AdmissionConfig
 from store.base import TrajectoryStore
+from store.memory_base import MemoryBank
 
 log = logging.getLogger("reins.router.api")
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -105,14 +109,37 @@ class RouterApi:
         ring: Callable[[], Ring] | None = None,
         clock: Callable[[], float] = time.time,
         observer: CommitObserver | None = None,
+        memory: MemoryBank | None = None,
     ) -> None:
         self.store, self.feed, self.config = store, feed, config
+        self.memory = memory  # where earlier runs' episodes are recalled from (None: nowhere)
         self.observer = observer or CommitObserver()
         self.agents = agents or AgentCache()
         self.gate_config, self.admitter = gate_config, admitter
         self.sender, self.ring, self.clock = sender, ring, clock
 
     # --- submission ----------------------------------------------------------------------------
+
+    def _recall_episodes(
+        self, rec: TrajectoryRecord, policy: MemoryPolicy | None
+    ) -> list[dict[str, Any]]:
+        """The episodes of earlier runs the profile wants in the first view, ranked by tag
+        overlap with the goal, then recency; none (logged) when memory does not answer."""
+        if self.memory is None or policy is None or policy.recall_episodes < 1:
+            return []
+        caller = Visibility(rec.tenant, rec.user, rec.agent)
+        try:
+            found = self.memory.recall(
+                caller,
+                MemoryKind.EPISODE,
+                goal_tags(rec.goal),
+                ms(self.clock()),
+                policy.recall_episodes,
+            )
+        except (StoreError, InvalidInput) as exc:
+            log.warning("%s: episodes not recalled: %s", rec.trajectory_id, exc)
+            return []
+        return [episode_view(i) for i in found]
 
     def submit(self, tenant: str, body: JobSpec | Mapping[str, Any]) -> Submitted:
         """Create and queue a trajectory for ``tenant`` (trusted), or refuse changing nothing."""
@@ -138,6 +165,7 @@ class RouterApi:
             budget=budget,
             now=now,
         )
+        rec.episodes = self._recall_episodes(rec, agent.profile.memory) or None
         route = self._route(route_of(agent.profile.model.provider, agent.profile.model.name))
         tokens, allowance = estimate_tokens(render(rec)), budget.max_output_tokens
         # The admitter's own edge checks (tenant, class, call size, budget maxima, route), on a

@@ -77,10 +77,13 @@ COMMIT;
 """
 
 
-class SqliteStore(TrajectoryStore):
-    """The store in one SQLite file; safe across threads and processes on one machine."""
+class SqliteFile:
+    """One SQLite file opened per thread (WAL, ``synchronous=FULL``), its schema created at
+    open; errors turned into the reins tree. What every SQLite-backed store shares."""
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], schema: str, *, busy_timeout_s: float = 30.0
+    ) -> None:
         self.path = Path(path)
         if str(path) in ("", ":memory:"):
             raise ConfigError("REINS_SQLITE_PATH: the SQLite store needs a file path")
@@ -90,12 +93,7 @@ class SqliteStore(TrajectoryStore):
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         with self._errors(f"opening {self.path}"):
-            self._conn().executescript(_SCHEMA)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> SqliteStore:
-        """The store at ``settings.sqlite_path`` (``REINS_SQLITE_PATH``)."""
-        return cls(settings.sqlite_path)
+            self._conn().executescript(schema)
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -139,6 +137,26 @@ class SqliteStore(TrajectoryStore):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    def close(self) -> None:
+        """Close every connection this store opened, in any thread."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+
+class SqliteStore(SqliteFile, TrajectoryStore):
+    """The store in one SQLite file; safe across threads and processes on one machine."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0) -> None:
+        super().__init__(path, _SCHEMA, busy_timeout_s=busy_timeout_s)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SqliteStore:
+        """The store at ``settings.sqlite_path`` (``REINS_SQLITE_PATH``)."""
+        return cls(settings.sqlite_path)
 
     def apply(self, commit: Commit) -> int:
         """One transaction; see :meth:`SnapshotStore.compare_and_set`."""
@@ -305,11 +323,3 @@ class SqliteStore(TrajectoryStore):
                 .fetchone()
             )
         return None if row is None else decode_result(bytes(row[0]))
-
-    def close(self) -> None:
-        """Close every connection this store opened, in any thread."""
-        with self._all_lock:
-            conns, self._all = self._all, []
-        for conn in conns:
-            conn.close()
-        self._local = threading.local()

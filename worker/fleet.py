@@ -40,6 +40,7 @@ from router.gates import GateConfig
 from router.health import Beat, HealthServer, live_within_s, serve_probes
 from router.membership import Membership, Progress
 from router.redis_gates import RedisGates
+from store.memory_redis import RedisMemory
 from store.redis_client import client_for
 from worker.allowed import AllowListedStore
 from worker.celery_app import worker_app
@@ -110,6 +111,7 @@ class FleetWorker:
             env if env is not None else os.environ,
             options.overrides,
             factory,
+            RedisMemory(self.client, prefix=settings.key_prefix),
         )
         # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
         gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)

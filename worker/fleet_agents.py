@@ -18,6 +18,7 @@ from kernel.agent import AgentModule, AgentProfile
 from kernel.events import ReplyStatus
 from kernel.tools import ToolBackend, ToolSpec
 from router.agents import AgentCache
+from store.memory_base import MemoryBank
 from worker.models import Model, ModelReply, ScriptedModel
 from worker.providers import make_model, with_model
 
@@ -89,6 +90,7 @@ class TurnTools:
     env: Mapping[str, str]
     overrides: ModelOverrides = field(default_factory=ModelOverrides)
     backend_factory: BackendFactory | None = None
+    memory: MemoryBank | None = None  # where the memory tools and episodes go (None: nowhere)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _backends: dict[str, ToolBackend] = field(default_factory=dict)
     _providers: dict[str, Model] = field(default_factory=dict)

@@ -94,6 +94,17 @@ def parse_view(view: str) -> Any:
         return json.loads(view)
 
 
+SUMMARY_CHARS = 800  # the scripted summariser keeps the newest characters
+
+
+def scripted_summary(request: dict[str, Any]) -> dict[str, Any]:
+    """A deterministic summary for a compaction request (``kernel.scratchpad``): the old
+    summary and each folded step's first characters, the newest kept within a bound."""
+    parts = [str(request.get("summary") or "")]
+    parts += [str(step)[:160] for step in request.get("steps") or []]
+    return {"type": "summary", "text": " | ".join(p for p in parts if p)[-SUMMARY_CHARS:]}
+
+
 class ScriptedModel:
     """A model whose replies come from a policy function over the parsed view.
 
@@ -129,8 +140,12 @@ class ScriptedModel:
         before it starts sends nothing and reports no usage."""
         if cancel is not None and cancel.is_set():
             return ModelReply(status=ReplyStatus.CANCELED, detail="canceled before it was sent")
-        self.calls += 1
-        out = self.policy(parse_view(view), self.calls)
+        data = parse_view(view)
+        if isinstance(data, dict) and data.get("task") == "compact":
+            out: Any = scripted_summary(data)  # the policy counts and sees its own steps only
+        else:
+            self.calls += 1
+            out = self.policy(data, self.calls)
         reply, latency = out if isinstance(out, tuple) else (out, self.latency_s)
         if latency > timeout_s:
             return ModelReply(

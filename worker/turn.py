@@ -73,6 +73,9 @@ class TurnObserver(AdmissionObserver):
     def on_turn(self, worker: str, seconds: float) -> None:
         """One turn took ``seconds`` of wall time on ``worker`` (however it ended)."""
 
+    def on_recall(self, tenant: str, hit: bool) -> None:
+        """A ``recall_facts`` call of ``tenant`` found something (``hit``) or nothing."""
+
 
 @dataclass(frozen=True, slots=True)
 class _FollowOn:
@@ -153,7 +156,9 @@ class TurnRunner:
         max_call_s: float = float("inf"),
     ) -> None:
         inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
-        self._carrier = CommandCarrier(tools, inflight, listener, clock, max_call_s)
+        self._carrier = CommandCarrier(
+            tools, inflight, listener, clock, max_call_s, on_recall=self._on_recall
+        )
         self._ending = TurnEnding(feed, worker, custody, leases)
         self.store = store
         self.observer = observer or TurnObserver()
@@ -163,6 +168,9 @@ class TurnRunner:
         self._delays_ms: list[float] = []
         self.active = 0  # turns running now
         self.turns = 0  # turns taken since start
+
+    def _on_recall(self, tenant: str, hit: bool) -> None:
+        self.observer.on_recall(tenant, hit)  # the observer in place now (tests replace it)
 
     # --- the entry points ----------------------------------------------------------------------
 
@@ -251,6 +259,8 @@ class TurnRunner:
         report = TurnReport(
             end.kind, end.reason, rec.record_version - turn.first, rec.record_version
         )
+        if end.kind is NoticeKind.FINISHED:
+            self._carrier.remember_episode(rec)
         if end.kind is not NoticeKind.READY:
             notice = Notice(
                 end.kind, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id

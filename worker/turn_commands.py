@@ -13,8 +13,10 @@ from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect,
 from kernel.record import TrajectoryRecord
 from kernel.tools import ToolKind
 from router.feed import CancelListener
+from worker import memory_tools
 from worker.backend import dispatch
 from worker.fleet_agents import TurnTools
+from worker.memory_tools import MemoryBackend
 from worker.providers.base import InflightCalls
 
 log = logging.getLogger("reins.worker.turn")
@@ -34,9 +36,11 @@ class CommandCarrier:
         listener: CancelListener | None,
         clock: Callable[[], float],
         max_call_s: float = float("inf"),
+        on_recall: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.tools, self.inflight, self.listener, self.clock = tools, inflight, listener, clock
         self.max_call_s = max_call_s
+        self.on_recall = on_recall  # told whether each recall_facts found anything
 
     def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, int | None]:
         """Do what ``cmd`` asks; its event, and the model tokens it used (None: no evidence)."""
@@ -63,10 +67,21 @@ class CommandCarrier:
             used = u.uncached_input + u.cached_input + u.output
         return reply.replied(cmd.call_id, self.clock()), used
 
+    def remember_episode(self, rec: TrajectoryRecord) -> None:
+        """Write the episode of ``rec``, which a turn ended, if its agent keeps episodes."""
+        memory = self.tools.memory
+        policy = self.tools.profile(rec.agent).memory
+        if memory is not None and policy is not None and policy.episodes:
+            memory_tools.write_episode(memory, rec, self.clock(), policy.episodes_per_user)
+
     def call_tool(self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect) -> ToolResulted:
         """One tool call (or effect lookup) through the agent's backend; a backend that raises
         gives an ``unknown`` outcome for a write, an ``error`` for a read."""
         backend = self.tools.backend(rec.agent)
+        if self.tools.memory is not None:
+            backend = MemoryBackend(
+                backend, self.tools.memory, rec.tenant, rec.agent, self.clock, self.on_recall
+            )
         looked_up = isinstance(cmd, LookupEffect)
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
             cmd = cmd.model_copy(update={"timeout_s": self.max_call_s})

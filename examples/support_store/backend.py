@@ -112,6 +112,7 @@ class SupportStoreBackend:
                 updated = {**order, "refunded": order["refunded"] + amount}
                 result = {"status": "ok", "refunded_cents": updated["refunded"]}
                 return result, updated, [["refund", order_id, amount]]
-            return {"status": "ok", "sent": True}, None, [["email", order_id]]
+            email = ["email", order_id] + ([args["language"]] if "language" in args else [])
+            return {"status": "ok", "sent": True}, None, [email]
 
         return self.state.write_once(key, tool, order_id, apply, fence)

@@ -19,6 +19,7 @@ BENCHMARKS = {
     "store": "ops.bench.store",
     "fleet": "ops.bench.fleet",
     "api": "ops.bench.api",
+    "memory": "ops.bench.memory",
 }
 
 

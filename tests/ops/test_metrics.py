@@ -33,6 +33,8 @@ FAMILIES = {
     "reins_turn_duration_seconds": ("histogram", {"worker"}),
     "reins_model_calls": ("counter", {"provider", "status"}),
     "reins_tool_calls": ("counter", {"tool", "outcome"}),
+    "reins_compactions": ("counter", {"tenant"}),
+    "reins_memory_recalls": ("counter", {"tenant", "outcome"}),
     "reins_trajectory_stops": ("counter", {"tenant", "stop_reason"}),
     "reins_budget_cutoffs": ("counter", {"tenant", "limit"}),
     "reins_spend_dollars": ("counter", {"tenant"}),
@@ -292,3 +294,24 @@ def _row(rec: TrajectoryRecord, index: int, kind: RowKind, **fields: object) -> 
         at=0.0,
         **fields,
     )
+
+
+def test_a_compaction_is_counted_apart_from_the_steps_model_calls() -> None:
+    m = Metrics()
+    rec = _record()
+    rows = [
+        _row(rec, 0, RowKind.MODEL, outcome="COMPLETED"),
+        _row(rec, 1, RowKind.MODEL, outcome="COMPLETED", detail={"purpose": "compaction"}),
+    ]
+    m.on_commit(rec, rec, rows, "openai")
+    assert value(m, "reins_model_calls_total", provider="openai", status="COMPLETED") == 2
+    assert value(m, "reins_compactions_total", tenant="acme") == 1
+
+
+def test_recalls_are_counted_as_hits_and_misses() -> None:
+    m = Metrics()
+    m.on_recall("acme", True)
+    m.on_recall("acme", False)
+    m.on_recall("acme", True)
+    assert value(m, "reins_memory_recalls_total", tenant="acme", outcome="hit") == 2
+    assert value(m, "reins_memory_recalls_total", tenant="acme", outcome="miss") == 1

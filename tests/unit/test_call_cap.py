@@ -29,6 +29,8 @@ class Seen:
 
 
 class Tools:
+    memory = None  # TurnTools's memory bank: none here
+
     def __init__(self, seen: Seen) -> None:
         self.seen = seen
 
