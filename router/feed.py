@@ -214,6 +214,7 @@ class TurnMessage:
     refused_by: tuple[str, ...] = ()  # members that handed it back unable to read the record
     lease_ttl_s: float = 0.0  # the gate lease lapses unless renewed this often (0: no lease)
     follow_on: int = 0  # turns the worker may admit after this one itself (worker.follow_on)
+    trace: str = ""  # the admission span's W3C traceparent ("": not traced; router.tracing)
 
     @classmethod
     def of(
@@ -258,6 +259,7 @@ class TurnMessage:
             "refused_by": list(self.refused_by),
             "lease_ttl_s": self.lease_ttl_s,
             "follow_on": self.follow_on,
+            "trace": self.trace,
         }
 
     @classmethod
@@ -280,6 +282,7 @@ class TurnMessage:
                 refused_by=tuple(str(m) for m in payload.get("refused_by", ())),
                 lease_ttl_s=float(payload.get("lease_ttl_s", 0.0)),
                 follow_on=_not_negative("follow_on", int(payload.get("follow_on", 0))),
+                trace=str(payload.get("trace", "")),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise InvalidInput(f"malformed turn message: {exc}") from None

@@ -19,6 +19,7 @@ from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.membership import MemberRecord
 from router.tenants import AdmissionConfig
+from router.tracing import NO_TRACER, Tracer
 
 #: The provider of a call that goes through no provider gate.
 NO_PROVIDER = "none"
@@ -30,7 +31,13 @@ def provider_of(route: str | None) -> str:
 
 
 class CommitObserver:
-    """Told of each step a process committed, and of each compare-and-set it lost."""
+    """Told of each step a process committed, and of each compare-and-set it lost.
+
+    ``tracer`` makes the spans of what is observed (:mod:`router.tracing`; none by default);
+    a process that traces sets it on its observer at boot.
+    """
+
+    tracer: Tracer = NO_TRACER
 
     def on_step_result(
         self, record: TrajectoryRecord, result: StepResult, provider: str = NO_PROVIDER

@@ -208,7 +208,8 @@ class TurnRunner:
         self._ending.keep_lease(msg)
         nxt: _FollowOn | None = None
         try:
-            report, nxt = self._run(msg, redelivered, held, task_began)
+            with self.observer.tracer.turn(msg, self.worker):
+                report, nxt = self._run(msg, redelivered, held, task_began)
         except Ignored as why:
             log.warning(
                 "ignored turn message for %s/%s (v%d, epoch %d) on %s: %s",
@@ -337,6 +338,9 @@ class TurnRunner:
         event on the current record (logged; nothing was written).
         """
         done = advance(self.store, rec, event, ctx, self.observer, self._provider(rec.agent))
+        tracer = self.observer.tracer
+        if tracer.enabled and done.committed and done.result is not None:
+            tracer.committed(done.result, self.tools.route(rec.agent))
         if done.refusal is not None:
             log.warning(
                 "%s: the kernel refused %s: %s", rec.trajectory_id, event.type, done.refusal
