@@ -71,6 +71,7 @@ def worker_cmd(
     )
     with served(settings) as metrics, traced(os.environ, "reins-worker", name) as tracer:
         if metrics is not None:  # every tenant's series from 0
+            metrics.on_worker(name)
             config = _tenants(settings)
             if config is not None:
                 metrics.on_config(config)

@@ -47,7 +47,16 @@ from kernel.errors import InvalidInput
 from kernel.events import CallModel, Command, DispatchTool, LookupEffect
 from kernel.record import TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
-from router.streams import GroupReader, PoisonReport, Taken, append, ensure_group, execute
+from router.streams import (
+    GroupLag,
+    GroupReader,
+    PoisonReport,
+    Taken,
+    append,
+    ensure_group,
+    execute,
+    group_lag,
+)
 from store.redis_client import Batch, direct_batch
 
 _COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
@@ -426,6 +435,11 @@ class Feed:
     def flush(self) -> None:
         """Acknowledge the notices done now, if any wait (one round trip)."""
         self.notices.flush()
+
+    def lag(self) -> dict[str, GroupLag]:
+        """How far the routers' group trails each stream, by source (one round trip)."""
+        keys = {self.notices_key: FeedSource.NOTICES, self.handbacks_key: FeedSource.HANDBACKS}
+        return {keys[k].value: v for k, v in group_lag(self.client, list(keys)).items()}
 
     def depth(self) -> int:
         """How many notices wait or are taken and not yet acknowledged."""

@@ -18,6 +18,7 @@ from kernel.record import TrajectoryRecord
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.membership import MemberRecord
+from router.streams import GroupLag
 from router.tenants import AdmissionConfig
 from router.tracing import NO_TRACER, Tracer
 
@@ -78,6 +79,9 @@ class RouterObserver(AdmissionObserver):
 
     def on_owed_runs(self, owing: Mapping[str, int]) -> None:
         """Ended runs that still owe an operation's settlement, per tenant (``router.owed``)."""
+
+    def on_feed_lag(self, lag: Mapping[str, GroupLag]) -> None:
+        """How far the routers trail each feed stream, by source (``notices``, ``handbacks``)."""
 
     def on_poison(self, source: str, count: int) -> None:
         """``count`` entries of the feed's ``source`` stream (``notices``, ``handbacks``) did
