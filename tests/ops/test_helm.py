@@ -291,3 +291,15 @@ def test_probes_ask_the_process_on_its_health_port(component: str) -> None:
     assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
     env = reins_env(c)
     assert env["REINS_HEALTH_PORT"]["value"] == str(values()["health"]["port"])
+
+
+def test_the_worker_label_is_the_deployments_name_not_the_pods() -> None:
+    docs = render()
+    deployment = one(docs, "Deployment", "-worker")["metadata"]["name"]
+    label = reins_env(container(docs, "worker"))["REINS_METRICS_WORKER_LABEL"]["value"]
+    assert label == deployment == "r-reins-worker"
+    assert Settings.from_env({"REINS_METRICS_WORKER_LABEL": label}).metrics_worker_label == label
+    chosen = render("metrics.workerLabel=workers-eu")
+    assert reins_env(container(chosen, "worker"))["REINS_METRICS_WORKER_LABEL"]["value"] == (
+        "workers-eu"
+    )

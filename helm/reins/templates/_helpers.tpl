@@ -56,7 +56,7 @@ in Redis, applied at router boot;
 every other one comes from .Values.settings, so a new setting is one line in values.yaml.
 */}}
 {{- define "reins.env" -}}
-{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" "metrics_port" "metrics_host" "health_port" "health_host" }}
+{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" "metrics_port" "metrics_host" "metrics_worker_label" "health_port" "health_host" }}
 {{- range $key, $_ := .Values.settings }}
 {{- if has $key $own }}
 {{- fail (printf "settings.%s has its own value in values.yaml (see store, broker, tenants, worker, metrics, health); remove it from settings" $key) }}
@@ -93,6 +93,8 @@ every other one comes from .Values.settings, so a new setting is one line in val
   value: {{ required "metrics.port is required (every pod serves /metrics)" .Values.metrics.port | int | toString | quote }}
 - name: REINS_METRICS_HOST
   value: {{ .Values.metrics.host | default "0.0.0.0" | quote }}
+- name: REINS_METRICS_WORKER_LABEL  # the worker label of its series: outlives every pod
+  value: {{ .Values.metrics.workerLabel | default (printf "%s-worker" (include "reins.fullname" .)) | quote }}
 - name: REINS_HEALTH_PORT
   value: {{ required "health.port is required (the probes use it)" .Values.health.port | int | toString | quote }}
 - name: REINS_HEALTH_HOST
