@@ -36,6 +36,42 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
+{{/* The workers' image: held at worker.imageTag during step 1 of a record-schema upgrade. */}}
+{{- define "reins.workerImage" -}}
+{{ .Values.image.repository }}:{{ .Values.worker.imageTag | default .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "reins.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "reins.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+What every reins pod's spec shares: its ServiceAccount, without an API token (reins never calls
+the Kubernetes API), and its spread over the topology keys of .Values.topologySpread.
+Include with (dict "ctx" $ "component" "router").
+*/}}
+{{- define "reins.podSpec" -}}
+serviceAccountName: {{ include "reins.serviceAccountName" .ctx }}
+automountServiceAccountToken: {{ .ctx.Values.serviceAccount.automountToken }}
+{{- $component := .component }}
+{{- $ctx := .ctx }}
+{{- with .ctx.Values.topologySpread }}
+topologySpreadConstraints:
+{{- range . }}
+  - maxSkew: {{ .maxSkew }}
+    topologyKey: {{ .topologyKey }}
+    whenUnsatisfiable: {{ .whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- include "reins.selectorLabels" (dict "ctx" $ctx "component" $component) | nindent 8 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "reins.tenantsPath" -}}
 /etc/reins/{{ .Values.tenants.fileName }}
 {{- end }}
