@@ -26,7 +26,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
@@ -199,8 +199,6 @@ class OtelTracer(Tracer):
         for row in result.rows:
             if row.kind in (RowKind.MODEL, RowKind.TOOL):
                 self._call(row, provider, model)
-            elif row.kind is RowKind.STOP:
-                self._trajectory(row, result.record)
 
     def _call(self, row: ChainRow, provider: str, model: str) -> None:
         name, attrs = call_attributes(row, model)
@@ -219,7 +217,7 @@ class OtelTracer(Tracer):
             span.set_status(Status(StatusCode.ERROR, f"{row.outcome}: {row.error or ''}"))
         span.end(end_time=_ns(row.at))
 
-    def _trajectory(self, row: ChainRow, rec: TrajectoryRecord) -> None:
+    def stopped(self, rec: TrajectoryRecord, row: ChainRow) -> None:
         """The trajectory's own span, from its submission to its stop: the root of its trace,
         under the id every other span of the trace names as its parent."""
         tenant, tid = rec.tenant, rec.trajectory_id
@@ -257,11 +255,18 @@ def tracer_for(
     attributes: dict[str, Any] = {"service.instance.id": instance, "process.pid": os.getpid()}
     if not env.get("OTEL_SERVICE_NAME"):
         attributes["service.name"] = service
-    resource = Resource.create(attributes)
+    processor = BatchSpanProcessor(OTLPSpanExporter())
+    return otel_tracer(processor, settings.content, Resource.create(attributes))
+
+
+def otel_tracer(
+    processor: SpanProcessor, content: bool = False, resource: Resource | None = None
+) -> OtelTracer:
+    """A tracer whose spans go to ``processor`` (the OTLP batch processor, or a test's)."""
     ids = _TrajectoryIds()
     provider = TracerProvider(resource=resource, id_generator=ids)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return OtelTracer(provider, ids, settings.content)
+    provider.add_span_processor(processor)
+    return OtelTracer(provider, ids, content)
 
 
 def observing(blank: Callable[[], _O], observer: _O | None, tracer: Tracer | None) -> _O | None:

@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 
 import xxhash
 
+from kernel.chain import ChainRow
 from kernel.context import StepResult
 from kernel.record import TrajectoryRecord
 from router.feed import TurnMessage
@@ -53,8 +54,11 @@ class Tracer:
 
     def committed(self, result: StepResult, route: str) -> None:
         """``result`` was committed during the current turn; its model calls went to ``route``
-        (``provider/model``): a span per model call and tool call its chain rows record, and
-        the trajectory's own span once a row records its stop."""
+        (``provider/model``): a span per model call and tool call its chain rows record."""
+
+    def stopped(self, rec: TrajectoryRecord, row: ChainRow) -> None:
+        """``rec`` was committed with its stop ``row``, by whichever process ended the run: the
+        trajectory's own span, the root of its trace."""
 
 
 _NOTHING: AbstractContextManager[None] = contextlib.nullcontext()

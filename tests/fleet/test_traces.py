@@ -14,16 +14,21 @@ from __future__ import annotations
 import socket
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kernel.chain import RowKind
 from ops.fleet_local import LocalFleet
+from ops.metrics import Metrics
+from ops.tracing import otel_tracer
 from router.tracing import root_span_id_of, trace_id_of
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
-from tests.fleet.harness import seed_orders, submit_refunds
+from tests.fleet.harness import InProcessFleet, refund_job, seed_orders, submit_refunds
 from tests.fleet.processes import caller_api, start, stop_all, wait_all_ended
 from tests.support import wait_for
 from tests.support.otlp import OtlpReceiver, ReceivedSpan, receiver
@@ -161,3 +166,25 @@ def test_a_collector_that_never_answers_fails_no_turn_and_no_exit(
         wait_all_ended(store, ids, 120, local_fleet)
         assert all(store.load(t, i).stop_reason is not None for t, i in ids)
         assert all(code == 0 for code in stop_all(local_fleet).values())
+
+
+def test_a_run_the_router_ends_gets_its_root_span_from_the_router(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path
+) -> None:
+    """The trajectory's own span comes from whichever process commits the stop: here the
+    router's admission, which ends a run whose step budget is 0 before any turn."""
+    exporter = InMemorySpanExporter()
+    observer = Metrics(process_metrics=False)
+    observer.tracer = otel_tracer(SimpleSpanProcessor(exporter))
+    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, observer=observer)
+    (order,) = seed_orders(redis_client, key_prefix, 990, 1)
+    job = {**refund_job(order), "budget": {"max_steps": 0}}
+    tid = fleet.api.submit("acme", job).trajectory_id
+    fleet.run_until_quiet()
+    rec = fleet.load("acme", tid)
+    assert rec.stop_reason is not None
+    (root,) = [s for s in exporter.get_finished_spans() if s.parent is None]
+    assert root.context.trace_id == trace_id_of("acme", tid)
+    assert root.context.span_id == root_span_id_of("acme", tid)
+    assert root.attributes is not None
+    assert root.attributes["reins.stop_reason"] == rec.stop_reason.value

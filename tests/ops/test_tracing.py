@@ -7,7 +7,6 @@ tests/fleet/test_traces.py, exports over OTLP/HTTP to a receiver on loopback).
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -16,7 +15,7 @@ from kernel.context import StepResult
 from kernel.errors import ConfigError
 from kernel.events import CallModel
 from kernel.record import TrajectoryRecord
-from ops.tracing import CONTENT_VAR, OtelTracer, TraceSettings, _TrajectoryIds, traced
+from ops.tracing import CONTENT_VAR, OtelTracer, TraceSettings, otel_tracer, traced
 from router.feed import TurnMessage
 from router.tracing import NO_TRACER, root_span_id_of, trace_id_of
 
@@ -25,10 +24,7 @@ ENDPOINT = "http://127.0.0.1:4318"
 
 def tracer(content: bool = False) -> tuple[OtelTracer, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    ids = _TrajectoryIds()
-    provider = TracerProvider(id_generator=ids)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return OtelTracer(provider, ids, content), exporter
+    return otel_tracer(SimpleSpanProcessor(exporter), content), exporter
 
 
 def message(trace: str = "") -> TurnMessage:
