@@ -31,7 +31,7 @@ from tests.fleet.processes import BACKEND, caller_api, stop_all, wait_all_ended
 from tests.ops.prometheus import PrometheusServer, expand, find_prometheus, free_port
 from tests.support import wait_for
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 NAMESPACE = "reins-test"
 SLOW, FAST = "slow-pool", "pool"  # the worker labels: what a Deployment's name would be
 HELD = 4  # trajectories sent to the slow worker at once
