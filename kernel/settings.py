@@ -80,6 +80,12 @@ class Settings(BaseModel):
     metrics_host: str = Field(
         "127.0.0.1", min_length=1, description="address /metrics listens on (0.0.0.0 in a pod)"
     )
+    metrics_worker_label: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description="the worker label of a worker's series, one that outlives a rollout (the "
+        "Deployment's name or an ordinal); unset: the ring member's name",
+    )
     # --- probes: /livez and /readyz of every router and worker process ---
     health_port: int = Field(0, ge=0, le=65535, description="port of /livez, /readyz; 0: none")
     health_host: str = Field("127.0.0.1", min_length=1, description="address probes listen on")

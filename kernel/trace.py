@@ -92,32 +92,7 @@ def spans_from_chain(rows: list[ChainRow], model: str = "") -> list[Span]:
             steps[r.step] = step
             spans.append(step)
         step.end = max(step.end, r.at)
-        attrs: dict[str, Any]
-        if r.kind is RowKind.MODEL:
-            attrs = {
-                **base,
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": model,
-                "gen_ai.usage.input_tokens": r.tokens_in,
-                "gen_ai.usage.output_tokens": r.tokens_out,
-                "reins.call_id": r.call_id,
-                **_overrun(r.detail),
-            }
-            name = f"chat {model}".strip()
-            if (r.detail or {}).get("purpose") == "compaction":
-                attrs["reins.purpose"] = "compaction"
-                name = f"compact {model}".strip()
-        else:
-            detail = r.detail or {}
-            attrs = {
-                **base,
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": r.tool,
-                "gen_ai.tool.call.id": r.call_id,
-                "reins.arguments": redact(r.args),
-                "reins.call_key": detail.get("key"),
-            }
-            name = f"execute_tool {r.tool}"
+        name, attrs = call_attributes(r, model)
         status = r.outcome if r.error is None else f"{r.outcome}:{r.error}"
         if status not in ("ok", "COMPLETED"):
             step.status = "error"
@@ -134,6 +109,37 @@ def spans_from_chain(rows: list[ChainRow], model: str = "") -> list[Span]:
             )
         )
     return spans
+
+
+def call_attributes(r: ChainRow, model: str = "") -> tuple[str, dict[str, Any]]:
+    """The span name and attributes of a model or tool call's chain row ``r`` (GenAI semantic
+    conventions, reins's own under ``reins.``); the tool's arguments redacted."""
+    base = {"reins.tenant": r.tenant, "reins.trajectory_id": r.trajectory_id}
+    attrs: dict[str, Any]
+    if r.kind is RowKind.MODEL:
+        attrs = {
+            **base,
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model,
+            "gen_ai.usage.input_tokens": r.tokens_in,
+            "gen_ai.usage.output_tokens": r.tokens_out,
+            "reins.call_id": r.call_id,
+            **_overrun(r.detail),
+        }
+        if (r.detail or {}).get("purpose") == "compaction":  # the scratchpad's summary call
+            attrs["reins.purpose"] = "compaction"
+            return f"compact {model}".strip(), attrs
+        return f"chat {model}".strip(), attrs
+    detail = r.detail or {}
+    attrs = {
+        **base,
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": r.tool,
+        "gen_ai.tool.call.id": r.call_id,
+        "reins.arguments": redact(r.args),
+        "reins.call_key": detail.get("key"),
+    }
+    return f"execute_tool {r.tool}", attrs
 
 
 def _overrun(detail: dict[str, Any] | None) -> dict[str, Any]:

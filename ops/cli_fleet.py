@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, cast
 
 import redis
 import typer
@@ -48,9 +48,11 @@ def worker_cmd(
 ) -> None:
     """Run a fleet worker: consume this member's queue until SIGTERM (then drain)."""
     from ops.metrics import served
+    from ops.tracing import observing, traced
     from router.agents import load_factory
     from worker.fleet import WorkerOptions, configure_logging, run_worker
     from worker.fleet_agents import ModelOverrides
+    from worker.turn import TurnObserver
 
     settings = _settings(worker_concurrency=concurrency, scripted_latency_s=model_latency_s)
     configure_logging(name, log_level)
@@ -67,12 +69,17 @@ def worker_cmd(
         overrides=overrides,
         backend=load_factory(backend) if backend else None,
     )
-    with served(settings) as metrics:
+    with served(settings) as metrics, traced(os.environ, "reins-worker", name) as tracer:
         if metrics is not None:  # every tenant's series from 0
+            metrics.on_worker(name)
             config = _tenants(settings)
             if config is not None:
                 metrics.on_config(config)
-        code = run_worker(settings, options, observer=metrics)
+        code = run_worker(
+            settings,
+            options,
+            observer=observing(TurnObserver, cast(TurnObserver | None, metrics), tracer),
+        )
     raise typer.Exit(code)
 
 
@@ -103,6 +110,8 @@ def router_cmd(
     """Run a router: ring, ready feed and dispatch loop, until SIGTERM."""
     from ops import faults
     from ops.metrics import served
+    from ops.tracing import observing, traced
+    from router.observe import RouterObserver
     from router.service import AdmitterKind, RouterOptions, RouterService
     from worker.fleet import configure_logging
 
@@ -115,8 +124,9 @@ def router_cmd(
         admitter=AdmitterKind(admitter),
         claim_ttl_s=claim_ttl_s,
     )
-    with served(settings) as metrics:
-        service = RouterService(settings, options, observer=metrics)
+    with served(settings) as metrics, traced(os.environ, "reins-router", name) as tracer:
+        observer = observing(RouterObserver, cast(RouterObserver | None, metrics), tracer)
+        service = RouterService(settings, options, observer=observer)
         faults.install(service, os.environ)  # test only: nothing unless TEST_ONLY_ROUTER_FAULT
         code = service.run()
     raise typer.Exit(code)

@@ -24,6 +24,8 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 PANEL_HEIGHT = 8
 
+#: The deployment's filter, in every query: two releases can share one Prometheus.
+S = 'namespace=~"$namespace", job=~"$job"'
 T = 'tenant=~"$tenant"'  # the tenant variable's filter
 RI = "$__rate_interval"
 
@@ -50,8 +52,9 @@ class Panel:
     max: float | None = None
 
 
-def _sel(where: str) -> str:
-    return f"{{{where}}}" if where else ""
+def _sel(where: str = "") -> str:
+    """A selector: the deployment's filter and ``where``."""
+    return "{" + ", ".join(filter(None, (S, where))) + "}"
 
 
 def _rate(metric: str, by: str, where: str = T) -> str:
@@ -65,7 +68,7 @@ def _p99(metric: str, by: str, where: str = "") -> str:
 
 CHARGE = "reins_admitted_charge_tokens_total"
 
-PANELS: tuple[Panel, ...] = (
+FAIRNESS: tuple[Panel, ...] = (
     Panel(
         "Admitted-charge share per tenant",
         "Each tenant's share of the admitted scheduling charge (input tokens + output "
@@ -73,12 +76,12 @@ PANELS: tuple[Panel, ...] = (
         "series is the configured weight share.",
         (
             Query(
-                f"{_rate(CHARGE, 'tenant')} / scalar(sum(rate({CHARGE}[{RI}])))",
+                f"{_rate(CHARGE, 'tenant')} / scalar(sum(rate({CHARGE}{_sel()}[{RI}])))",
                 "{{tenant}}",
             ),
             Query(
-                f"max by (tenant) (reins_tenant_weight{{{T}}}) / "
-                "scalar(sum(max by (tenant) (reins_tenant_weight)))",
+                f"max by (tenant) (reins_tenant_weight{_sel(T)}) / "
+                f"scalar(sum(max by (tenant) (reins_tenant_weight{_sel()})))",
                 "{{tenant}} weight share",
             ),
         ),
@@ -90,7 +93,7 @@ PANELS: tuple[Panel, ...] = (
         "Jain's fairness index",
         "Over weight-normalised charge in the admitter's window, among tenants admitted or "
         "queued: 1 is perfectly fair, 1/n is one tenant taking everything.",
-        (Query("min(reins_fairness_jain_index)", "Jain's index"),),
+        (Query(f"min(reins_fairness_jain_index{_sel()})", "Jain's index"),),
         "none",
         width=6,
         kind="stat",
@@ -113,7 +116,7 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "READY queue depth",
         "READY calls waiting per tenant (backpressure shows here, not as failures).",
-        (Query(f"max by (tenant) (reins_ready_queue_depth{{{T}}})", "{{tenant}}"),),
+        (Query(f"max by (tenant) (reins_ready_queue_depth{_sel(T)})", "{{tenant}}"),),
         "short",
     ),
     Panel(
@@ -126,7 +129,7 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "DRR credit per tenant",
         "Deficit round-robin credit carried per tenant, in charge tokens.",
-        (Query(f"max by (tenant) (reins_drr_credit_tokens{{{T}}})", "{{tenant}}"),),
+        (Query(f"max by (tenant) (reins_drr_credit_tokens{_sel(T)})", "{{tenant}}"),),
         "short",
         width=8,
     ),
@@ -170,29 +173,143 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "Held approvals",
         "Trajectories waiting for a reviewer's decision.",
-        (Query(f"max by (tenant) (reins_approvals_held{{{T}}})", "{{tenant}}"),),
+        (Query(f"max by (tenant) (reins_approvals_held{_sel(T)})", "{{tenant}}"),),
         "short",
         width=8,
     ),
     Panel(
         "Workers in the ring",
         "Workers by membership state: active, draining, lapsed (heartbeat missed).",
-        (Query("max by (state) (reins_ring_members)", "{{state}}"),),
+        (Query(f"max by (state) (reins_ring_members{_sel()})", "{{state}}"),),
         "short",
         width=12,
     ),
     Panel(
         "Store compare-and-set conflicts",
         "Commits per second that lost a compare-and-set; the loser reloads and re-decides.",
-        (Query(f"sum(rate(reins_store_conflicts_total[{RI}]))", "conflicts"),),
+        (Query(f"sum(rate(reins_store_conflicts_total{_sel()}[{RI}]))", "conflicts"),),
         "reqps",
         width=12,
     ),
 )
 
 
+AFFINITY = "reins_turn_affinity_total"
+HIT = 'placement="hit"'
+
+FLEET_HEALTH: tuple[Panel, ...] = (
+    Panel(
+        "Placement affinity hit rate",
+        "Share of turns (after a trajectory's first) that ran on the worker that ran its "
+        "previous turn: warm caches and connections. Drains, crashes and ring changes lower it.",
+        (
+            Query(
+                f"sum(rate({AFFINITY}{_sel(HIT)}[{RI}])) / sum(rate({AFFINITY}{_sel()}[{RI}]))",
+                "hit rate",
+            ),
+        ),
+        "percentunit",
+        width=6,
+        kind="stat",
+        min=0,
+        max=1,
+    ),
+    Panel(
+        "Recoveries per minute",
+        "Stranded turns recovered from the store (a dead, stalled or lost worker), by the state "
+        "they were stranded in.",
+        (Query(f"60 * {_rate('reins_recoveries_total', 'state', '')}", "{{state}}"),),
+        "short",
+        width=6,
+    ),
+    Panel(
+        "Hand-backs per minute",
+        "Turn messages a worker gave back unstarted: its drain grace ran out, or it cannot read "
+        "a newer build's record (a rollout in the wrong order).",
+        (Query(f"60 * {_rate('reins_handbacks_total', 'why', '')}", "{{why}}"),),
+        "short",
+        width=6,
+    ),
+    Panel(
+        "Poison notices per minute",
+        "Feed entries that did not decode, moved to the dead letters (reins doctor lists them).",
+        (Query(f"60 * {_rate('reins_poison_notices_total', 'source', '')}", "{{source}}"),),
+        "short",
+        width=6,
+    ),
+    Panel(
+        "Queue depth per worker",
+        "Turn messages waiting in each worker's queue, at its last heartbeat.",
+        (Query(f"sum by (worker) (reins_worker_queue_depth{_sel()})", "{{worker}}"),),
+        "short",
+        width=8,
+    ),
+    Panel(
+        "Oldest queued turn per worker",
+        "Time since the oldest turn waiting in each worker's queue was admitted.",
+        (Query(f"max by (worker) (reins_worker_queue_oldest_age_seconds{_sel()})", "{{worker}}"),),
+        "s",
+        width=8,
+    ),
+    Panel(
+        "Feed lag",
+        "Feed entries not yet delivered to any router, and delivered but not yet acknowledged.",
+        (
+            Query(f"max by (source) (reins_feed_lag_entries{_sel()})", "{{source}} undelivered"),
+            Query(f"max by (source) (reins_feed_pending_entries{_sel()})", "{{source}} pending"),
+        ),
+        "short",
+        width=8,
+    ),
+    Panel(
+        "Follow-on turns per second",
+        "Turns a worker admitted and ran itself after the previous one, per worker.",
+        (Query(_rate("reins_follow_on_turns_total", "worker", ""), "{{worker}}"),),
+        "ops",
+    ),
+    Panel(
+        "Redis errors per second",
+        "Transient Redis errors (timeouts, refused connections), each failed attempt.",
+        (Query(f"sum(rate(reins_redis_errors_total{_sel()}[{RI}]))", "errors"),),
+        "ops",
+    ),
+)
+
+#: The dashboard's rows, top to bottom: each a title and its panels.
+ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
+    ("Fairness", FAIRNESS),
+    ("Fleet health", FLEET_HEALTH),
+)
+PANELS: tuple[Panel, ...] = FAIRNESS + FLEET_HEALTH
+
+
+def _query_variable(name: str, label: str, metric: str, all_value: str) -> dict[str, Any]:
+    """A multi-value variable listing ``name``'s values on ``metric``, All selected."""
+    query = f"label_values({metric}, {name})"
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": query,
+        "query": {"query": query, "refId": name},
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": all_value,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+        "regex": "",
+        "options": [],
+        "hide": 0,
+    }
+
+
+#: A metric every reins process serves, unlabelled: where the namespaces and jobs are listed.
+EVERY_PROCESS = "reins_store_conflicts_total"
+
+
 def _variables() -> list[dict[str, Any]]:
-    tenants = "label_values(reins_tenant_weight, tenant)"
     return [
         {
             "name": "datasource",
@@ -205,23 +322,9 @@ def _variables() -> list[dict[str, Any]]:
             "regex": "",
             "options": [],
         },
-        {
-            "name": "tenant",
-            "label": "Tenant",
-            "type": "query",
-            "datasource": DATASOURCE,
-            "definition": tenants,
-            "query": {"query": tenants, "refId": "tenants"},
-            "refresh": 2,
-            "includeAll": True,
-            "multi": True,
-            "allValue": ".*",
-            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-            "sort": 1,
-            "regex": "",
-            "options": [],
-            "hide": 0,
-        },
+        _query_variable("namespace", "Namespace", EVERY_PROCESS, ".*"),
+        _query_variable("job", "Job", f'{EVERY_PROCESS}{{namespace=~"$namespace"}}', ".*"),
+        _query_variable("tenant", "Tenant", f"reins_tenant_weight{_sel()}", ".*"),
     ]
 
 
@@ -285,21 +388,40 @@ def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     }
 
 
+def _row(title: str, pid: int, y: int) -> dict[str, Any]:
+    return {
+        "id": pid,
+        "type": "row",
+        "title": title,
+        "collapsed": False,
+        "gridPos": {"x": 0, "y": y, "w": GRID_WIDTH, "h": 1},
+        "panels": [],
+    }
+
+
 def build() -> dict[str, Any]:
-    """The dashboard as Grafana's JSON model."""
-    panels, x, y = [], 0, 0
-    for pid, panel in enumerate(PANELS, start=1):
-        if x + panel.width > GRID_WIDTH:
-            x, y = 0, y + PANEL_HEIGHT
-        panels.append(_panel(panel, pid, x, y))
-        x += panel.width
+    """The dashboard as Grafana's JSON model: each row's title, then its panels."""
+    panels: list[dict[str, Any]] = []
+    pid, y = 0, 0
+    for title, row in ROWS:
+        pid += 1
+        panels.append(_row(title, pid, y))
+        x, y = 0, y + 1
+        for panel in row:
+            if x + panel.width > GRID_WIDTH:
+                x, y = 0, y + PANEL_HEIGHT
+            pid += 1
+            panels.append(_panel(panel, pid, x, y))
+            x += panel.width
+        y += PANEL_HEIGHT
     return {
         "uid": UID,
-        "title": "reins / tenant fairness",
-        "description": "Per-tenant admission fairness, waits, stops and spend of a reins fleet.",
-        "tags": ["reins", "fairness"],
+        "title": "reins / fairness and fleet health",
+        "description": "Per-tenant admission fairness, waits, stops and spend of a reins fleet, "
+        "and its health: recoveries, hand-backs, queues, feed lag, affinity, Redis errors.",
+        "tags": ["reins", "fairness", "fleet"],
         "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
+        "version": 2,
         "editable": True,
         "graphTooltip": 1,
         "timezone": "browser",
@@ -319,7 +441,9 @@ def render() -> str:
 
 def queries() -> list[tuple[str, str, str]]:
     """Every query as ``(panel title, refId, expr)``, with Grafana's variables unexpanded."""
-    return [(p["title"], t["refId"], t["expr"]) for p in build()["panels"] for t in p["targets"]]
+    return [
+        (p["title"], t["refId"], t["expr"]) for p in build()["panels"] for t in p.get("targets", ())
+    ]
 
 
 def write(paths: tuple[Path, ...] = (DASHBOARD_PATH, CHART_COPY)) -> tuple[Path, ...]:

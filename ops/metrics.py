@@ -32,6 +32,7 @@ from kernel.events import ReplyStatus
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import StopReason
+from ops.fleet_health import OTHER, FleetHealth
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.feed import FeedSource
@@ -48,7 +49,6 @@ TURN_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 
 TOOL_OUTCOMES = frozenset({"ok", "error", "unknown", "absent"})
 #: Ring membership states: live and taking work, live and draining, heartbeat lapsed.
 RING_STATES = ("active", "draining", "lapsed")
-OTHER = "other"
 #: The stops that are a budget limit binding: what the cut-off rate counts.
 BUDGET_LIMITS = (
     StopReason.MAX_STEPS,
@@ -88,7 +88,7 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-class Metrics(RouterObserver, TurnObserver):
+class Metrics(FleetHealth, RouterObserver, TurnObserver):
     """Every metric of a reins process, registered in this object's own registry."""
 
     def __init__(
@@ -98,9 +98,11 @@ class Metrics(RouterObserver, TurnObserver):
         wait_buckets_s: Sequence[float] = DEFAULT_WAIT_BUCKETS_S,
         turn_buckets_s: Sequence[float] = TURN_BUCKETS_S,
         process_metrics: bool = True,
+        worker_label: str = "",
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self.register_health(r, worker_label)
         if process_metrics:  # process_*, python_info and python_gc_* of this process
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
@@ -298,6 +300,8 @@ class Metrics(RouterObserver, TurnObserver):
     ) -> None:
         """Count what a committed step's chain rows record, and the spend it settled."""
         tenant = after.tenant
+        rows = list(rows)
+        self.count_recoveries(rows)
         for row in rows:
             if row.kind is RowKind.MODEL:
                 status = row.outcome if row.outcome in _REPLY_STATUSES else OTHER
@@ -334,7 +338,7 @@ class Metrics(RouterObserver, TurnObserver):
 
     def on_turn(self, worker: str, seconds: float) -> None:
         """One turn took ``seconds`` of wall time on ``worker``."""
-        self.turn_duration.labels(worker).observe(max(seconds, 0.0))
+        self.turn_duration.labels(self.worker_of(worker)).observe(max(seconds, 0.0))
 
     def on_recall(self, tenant: str, hit: bool) -> None:
         """A ``recall_facts`` call found something or nothing."""
@@ -408,7 +412,7 @@ def served(settings: Settings) -> Iterator[Metrics | None]:
     if settings.metrics_port == 0:
         yield None
         return
-    metrics = Metrics()
+    metrics = Metrics(worker_label=settings.metrics_worker_label)
     host, port = settings.metrics_host, settings.metrics_port
     try:
         server = metrics.serve(host, port)

@@ -109,6 +109,24 @@ def send_turn(app: Celery, member: str, payload: dict[str, Any]) -> None:
     )
 
 
+def queue_figures(client: Any, settings: Settings, member: str, now: float) -> tuple[int, float]:
+    """How many messages wait in ``member``'s queue, and how long ago the oldest turn among
+    them was admitted (0 when none waits, or the oldest is not a turn): one round trip."""
+    key = broker_keyprefix(settings) + queue_for(member)
+    pipe = direct_batch(client)
+    pipe.execute_command("LLEN", key)
+    pipe.execute_command("LINDEX", key, -1)  # the consuming end: the oldest
+    depth, raw = pipe.execute()
+    if not raw:
+        return int(depth), 0.0
+    try:
+        args = json.loads(base64.b64decode(json.loads(raw)["body"]))[0]
+        admitted_at = float(args[0].get("admitted_at", 0.0))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return int(depth), 0.0
+    return int(depth), max(now - admitted_at, 0.0) if admitted_at > 0 else 0.0
+
+
 def take_queued_turns(client: Any, settings: Settings, member: str, limit: int) -> list[Any]:
     """Take up to ``limit`` turn payloads still waiting in ``member``'s queue, oldest first,
     out of the broker (a drain whose grace ran out hands them back instead of running them).

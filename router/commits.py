@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernel.chain import RowKind
 from kernel.context import KernelContext, StepResult
 from kernel.errors import ConcurrentModification, ControlFlow, InvalidInput, StoreError
 from kernel.events import Event
@@ -43,6 +44,11 @@ def commit(
         observer.on_store_conflict()
         raise
     observer.on_step_result(rec, result, provider)
+    tracer = observer.tracer
+    if tracer.enabled:
+        for row in result.rows:
+            if row.kind is RowKind.STOP:
+                tracer.stopped(result.record, row)
 
 
 @dataclass(frozen=True, slots=True)

@@ -275,6 +275,7 @@ class Dispatcher:
         was declined or withdrawn here)."""
         call = nom.call
         tenant, tid, route = call.tenant, call.trajectory_id, call.route
+        began = self.clock()
         try:
             rec = self.store.load(tenant, tid)
             ctx = self.agents.context(rec.agent)
@@ -316,6 +317,7 @@ class Dispatcher:
             route=route,
             lease_ttl_s=self._lease_ttl(route) if lease else 0.0,
             follow_on=self.follow_on_turns,
+            trace=self.observer.tracer.admitted(result.record, began, self.name),
         )
         return ring.lookup(placement_key(tenant, tid)), msg
 

@@ -47,7 +47,16 @@ from kernel.errors import InvalidInput
 from kernel.events import CallModel, Command, DispatchTool, LookupEffect
 from kernel.record import TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
-from router.streams import GroupReader, PoisonReport, Taken, append, ensure_group, execute
+from router.streams import (
+    GroupLag,
+    GroupReader,
+    PoisonReport,
+    Taken,
+    append,
+    ensure_group,
+    execute,
+    group_lag,
+)
 from store.redis_client import Batch, direct_batch
 
 _COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
@@ -214,6 +223,7 @@ class TurnMessage:
     refused_by: tuple[str, ...] = ()  # members that handed it back unable to read the record
     lease_ttl_s: float = 0.0  # the gate lease lapses unless renewed this often (0: no lease)
     follow_on: int = 0  # turns the worker may admit after this one itself (worker.follow_on)
+    trace: str = ""  # the admission span's W3C traceparent ("": not traced; router.tracing)
 
     @classmethod
     def of(
@@ -258,6 +268,7 @@ class TurnMessage:
             "refused_by": list(self.refused_by),
             "lease_ttl_s": self.lease_ttl_s,
             "follow_on": self.follow_on,
+            "trace": self.trace,
         }
 
     @classmethod
@@ -280,6 +291,7 @@ class TurnMessage:
                 refused_by=tuple(str(m) for m in payload.get("refused_by", ())),
                 lease_ttl_s=float(payload.get("lease_ttl_s", 0.0)),
                 follow_on=_not_negative("follow_on", int(payload.get("follow_on", 0))),
+                trace=str(payload.get("trace", "")),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise InvalidInput(f"malformed turn message: {exc}") from None
@@ -423,6 +435,11 @@ class Feed:
     def flush(self) -> None:
         """Acknowledge the notices done now, if any wait (one round trip)."""
         self.notices.flush()
+
+    def lag(self) -> dict[str, GroupLag]:
+        """How far the routers' group trails each stream, by source (one round trip)."""
+        keys = {self.notices_key: FeedSource.NOTICES, self.handbacks_key: FeedSource.HANDBACKS}
+        return {keys[k].value: v for k, v in group_lag(self.client, list(keys)).items()}
 
     def depth(self) -> int:
         """How many notices wait or are taken and not yet acknowledged."""

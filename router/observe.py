@@ -18,7 +18,9 @@ from kernel.record import TrajectoryRecord
 from router.drr import ReadyCall
 from router.fairness import FairnessFigures
 from router.membership import MemberRecord
+from router.streams import GroupLag
 from router.tenants import AdmissionConfig
+from router.tracing import NO_TRACER, Tracer
 
 #: The provider of a call that goes through no provider gate.
 NO_PROVIDER = "none"
@@ -30,7 +32,13 @@ def provider_of(route: str | None) -> str:
 
 
 class CommitObserver:
-    """Told of each step a process committed, and of each compare-and-set it lost."""
+    """Told of each step a process committed, and of each compare-and-set it lost.
+
+    ``tracer`` makes the spans of what is observed (:mod:`router.tracing`; none by default);
+    a process that traces sets it on its observer at boot.
+    """
+
+    tracer: Tracer = NO_TRACER
 
     def on_step_result(
         self, record: TrajectoryRecord, result: StepResult, provider: str = NO_PROVIDER
@@ -71,6 +79,9 @@ class RouterObserver(AdmissionObserver):
 
     def on_owed_runs(self, owing: Mapping[str, int]) -> None:
         """Ended runs that still owe an operation's settlement, per tenant (``router.owed``)."""
+
+    def on_feed_lag(self, lag: Mapping[str, GroupLag]) -> None:
+        """How far the routers trail each feed stream, by source (``notices``, ``handbacks``)."""
 
     def on_poison(self, source: str, count: int) -> None:
         """``count`` entries of the feed's ``source`` stream (``notices``, ``handbacks``) did

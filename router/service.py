@@ -183,6 +183,7 @@ class RouterService:
         figures; every ``HELD_APPROVALS_EVERY_S``, the approvals held per tenant."""
         figures = self.dispatcher.admitter.figures if self.admitting else None
         self.report.tell(observer, figures, self.store)
+        observer.on_feed_lag(self.feed.lag())
 
     def send_on_handbacks(self) -> int:
         """Send the turns members gave back unstarted on to another member, under the same

@@ -398,6 +398,34 @@ def dead_letters(client: redis.Redis, key: str, limit: int) -> list[DeadLetter]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class GroupLag:
+    """How far the routers' group trails a stream: entries not yet delivered to any router
+    (``lag``; -1 when Redis cannot tell) and entries delivered and not yet acknowledged."""
+
+    lag: int
+    pending: int
+
+
+def group_lag(client: redis.Redis, keys: Sequence[str]) -> dict[str, GroupLag]:
+    """The routers' group's lag on each of ``keys`` (one round trip); a stream or group that
+    does not exist yet is left out."""
+    pipe = direct_batch(client)
+    for key in keys:
+        pipe.execute_command("XINFO", "GROUPS", key)
+    out: dict[str, GroupLag] = {}
+    for key, reply in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(reply, Exception):
+            continue
+        for group in reply:
+            info = _pairs(group) if isinstance(group, list) else group
+            fields = {text(k): v for k, v in info.items()}
+            if text(fields.get("name", b"")) == GROUP:
+                lag = fields.get("lag")
+                out[key] = GroupLag(-1 if lag is None else int(lag), int(fields["pending"]))
+    return out
+
+
 def pending_counts(client: redis.Redis, key: str) -> dict[str, int]:
     """How many entries of ``key`` each router has taken and not acknowledged (empty when the
     stream or the group does not exist yet)."""

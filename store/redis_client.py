@@ -7,6 +7,7 @@ redis-py's retries off, and :func:`retry_transient` repeats only what is safe to
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -25,6 +26,23 @@ TRANSIENT = (RedisConnectionError, RedisTimeoutError)
 _T = TypeVar("_T")
 
 
+class ErrorCount:
+    """A count that threads add to; read whenever (metrics read it at each scrape)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+#: Transient Redis errors (a connection or reply timeout, a refused connection) this process
+#: met in :func:`retry_transient`, each failed attempt once.
+REDIS_ERRORS = ErrorCount()
+
+
 def retry_transient(fn: Callable[[], _T], *, what: str, attempts: int, counted: int) -> _T:
     """Run ``fn``, retrying transient Redis errors up to ``attempts`` times with jittered
     backoff; then raise :class:`StoreUnavailable` (saying ``counted`` attempts were made), and
@@ -37,15 +55,24 @@ def retry_transient(fn: Callable[[], _T], *, what: str, attempts: int, counted: 
         try:
             return fn()
         except TRANSIENT:
+            REDIS_ERRORS.add()
             if attempts <= 1:
                 raise
+
+        def counted_fn() -> _T:
+            try:
+                return fn()
+            except TRANSIENT:
+                REDIS_ERRORS.add()
+                raise
+
         retrying = Retrying(
             stop=stop_after_attempt(attempts - 1),
             wait=wait_exponential_jitter(multiplier=0.005, max=0.5, jitter=0.005),
             retry=retry_if_exception_type(TRANSIENT),
             reraise=True,
         )
-        return retrying(fn)
+        return retrying(counted_fn)
     except TRANSIENT as exc:
         raise StoreUnavailable(
             f"{what}: Redis unreachable after {counted} attempts ({exc})"

@@ -32,7 +32,7 @@ from kernel.errors import InvalidInput, UnknownMember
 from kernel.settings import Settings
 from kernel.tools import ToolBackend
 from router.agents import AgentCache
-from router.broker import broker_keyprefix, queue_for, take_queued_turns
+from router.broker import broker_keyprefix, queue_figures, queue_for, take_queued_turns
 from router.custody import Custody
 from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
 from router.fleet_config import ConfigSource, importable
@@ -118,6 +118,7 @@ class FleetWorker:
         self.leases = LeaseKeeper(gates)
         custody = self.custody = Custody(self.client, settings.key_prefix)
         self._draining = threading.Event()
+        self.observed = observer is not None  # the queue's figures cost a read: only if heard
         self.runner = TurnRunner(
             store=self.store,
             tools=tools,
@@ -297,7 +298,14 @@ class FleetWorker:
         """Every interval: the heartbeat, then the chores that ride on it. A chore that fails
         (Redis out of reach) is logged and tried at the next beat; the thread never ends."""
         interval = self.settings.heartbeat_interval_s
-        chores = (self._beat_once, self._flush_delays, self.leases.renew_due, self.runner.push_kept)
+        chores: tuple[Callable[[], object], ...] = (
+            self._beat_once,
+            self._flush_delays,
+            self.leases.renew_due,
+            self.runner.push_kept,
+        )
+        if self.observed:
+            chores += (self._report_queue,)
         while not self._stop.wait(interval):
             self.beat.mark()
             for chore in chores:
@@ -318,6 +326,11 @@ class FleetWorker:
             # `reins ring drain NAME`: the same drain as SIGTERM, through its handler.
             log.info("%s was drained by an operator; draining and stopping", self.name)
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def _report_queue(self) -> None:
+        """Tell the observer this member's queue depth and its oldest message's age."""
+        depth, age = queue_figures(self.broker, self.settings, self.name, time.time())
+        self.runner.observer.on_queue(self.name, depth, age)
 
     def _flush_delays(self) -> None:
         """Report the admission-to-start delays measured since the last beat."""

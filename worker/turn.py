@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar, cast
@@ -75,6 +75,24 @@ class TurnObserver(AdmissionObserver):
 
     def on_recall(self, tenant: str, hit: bool) -> None:
         """A ``recall_facts`` call of ``tenant`` found something (``hit``) or nothing."""
+
+    def on_affinity(self, worker: str, hit: bool) -> None:
+        """A turn with a previous turn started on ``worker``; ``hit``: this worker ran that
+        previous turn (as far as its memory of recent trajectories reaches)."""
+
+    def on_follow_on(self, worker: str) -> None:
+        """``worker`` ran a turn it admitted itself, chained after the previous one."""
+
+    def on_hand_back(self, worker: str, why: HandBackWhy) -> None:
+        """``worker`` gave a turn message back unstarted, for ``why``."""
+
+    def on_queue(self, worker: str, depth: int, oldest_age_s: float) -> None:
+        """``worker``'s queue held ``depth`` messages, the oldest admitted ``oldest_age_s`` ago
+        (0 when empty); told at each heartbeat."""
+
+
+#: Trajectories a worker remembers running, for the affinity it reports (the oldest go first).
+AFFINITY_MEMORY = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +184,7 @@ class TurnRunner:
         self._providers: dict[str, str] = {}  # agent -> provider label of its model calls
         self._lock = threading.Lock()
         self._delays_ms: list[float] = []
+        self._ran: OrderedDict[str, int] = OrderedDict()  # trajectory -> the last turn run here
         self.active = 0  # turns running now
         self.turns = 0  # turns taken since start
 
@@ -183,6 +202,7 @@ class TurnRunner:
         task_began = time.monotonic()
         report, nxt = self._turn(msg, redelivered, None, task_began)
         while nxt is not None:
+            self.observer.on_follow_on(self.worker)
             report, nxt = self._turn(nxt.msg, False, nxt, task_began)
         return report
 
@@ -190,6 +210,7 @@ class TurnRunner:
         """Give ``msg`` back unstarted, instead of its notice: a router sends it on under the
         same call ids (a member that cannot read the record is not sent it again)."""
         self._ending.hand_back(msg, why)
+        self.observer.on_hand_back(self.worker, why)
 
     def push_kept(self) -> int:
         """Push again the turn-end notices whose push failed; returns how many went."""
@@ -216,7 +237,8 @@ class TurnRunner:
         self._ending.keep_lease(msg)
         nxt: _FollowOn | None = None
         try:
-            report, nxt = self._run(msg, redelivered, held, task_began)
+            with self.observer.tracer.turn(msg, self.worker):
+                report, nxt = self._run(msg, redelivered, held, task_began)
         except Ignored as why:
             log.warning(
                 "ignored turn message for %s/%s (v%d, epoch %d) on %s: %s",
@@ -238,7 +260,7 @@ class TurnRunner:
                 self.worker,
                 back,
             )
-            self._ending.hand_back(msg, back.why)
+            self.hand_back(msg, back.why)
             report = TurnReport(NoticeKind.IDLE, f"handed back: {back}", 0, msg.version)
         except Exception:  # a bug or an unreachable store: the record stays for recovery
             log.exception("turn of %s/%s failed on %s", msg.tenant, msg.trajectory_id, self.worker)
@@ -254,6 +276,7 @@ class TurnRunner:
         self, msg: TurnMessage, redelivered: bool, held: _FollowOn | None, task_began: float
     ) -> tuple[TurnReport, _FollowOn | None]:
         turn = self._start(msg, redelivered) if held is None else _resumed(held)
+        self._note_affinity(turn.rec)
         end = self._carry_out(turn)
         rec = end.rec
         report = TurnReport(
@@ -268,6 +291,17 @@ class TurnRunner:
             self._ending.notify(msg, notice, end.used_tokens)
             return report, None
         return report, self._hand_over(msg, end, turn.ctx, task_began)
+
+    def _note_affinity(self, rec: TrajectoryRecord) -> None:
+        """Remember that this worker runs ``rec``'s current turn; report whether it ran the one
+        before (a first turn has none to compare with)."""
+        with self._lock:
+            before = self._ran.pop(rec.trajectory_id, None)
+            self._ran[rec.trajectory_id] = rec.turn
+            if len(self._ran) > AFFINITY_MEMORY:
+                self._ran.popitem(last=False)
+        if rec.turn > 1 and before != rec.turn:  # the same turn again is a redelivery
+            self.observer.on_affinity(self.worker, before == rec.turn - 1)
 
     def _start(self, msg: TurnMessage, redelivered: bool) -> _Started:
         """Load the record, check the message against it and queue what the turn carries out."""
@@ -347,6 +381,9 @@ class TurnRunner:
         event on the current record (logged; nothing was written).
         """
         done = advance(self.store, rec, event, ctx, self.observer, self._provider(rec.agent))
+        tracer = self.observer.tracer
+        if tracer.enabled and done.committed and done.result is not None:
+            tracer.committed(done.result, self.tools.route(rec.agent))
         if done.refusal is not None:
             log.warning(
                 "%s: the kernel refused %s: %s", rec.trajectory_id, event.type, done.refusal

@@ -22,7 +22,7 @@ from ops.metrics import Metrics
 from router.feed import Feed, HandBack, HandBackWhy, Notice, NoticeKind, ready_notice
 from router.membership import Membership
 from router.service import AdmitterKind, RouterOptions, RouterService
-from router.streams import FIELD, GROUP, dead_letters, pending_counts
+from router.streams import FIELD, GROUP, GroupLag, dead_letters, pending_counts
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 
 pytestmark = pytest.mark.redis
@@ -114,6 +114,22 @@ def test_what_is_taken_stays_pending_until_done_and_is_acked_with_the_next_take(
     feed.push(notice(4))
     assert tids(feed.take(10)) == ["t4"]
     assert left_in(redis_client, feed) == (1, {"r1": 1}), "t1..t3 acknowledged and deleted"
+
+
+def test_the_lag_counts_what_no_router_took_and_what_none_acknowledged(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    feed = Feed(redis_client, key_prefix, router="r1")
+    assert feed.lag() == {}, "no stream yet: nothing to report"
+    feed.create_groups()
+    feed.push(*(Notice(NoticeKind.READY, "acme", f"t{n}", 1) for n in range(5)))
+    assert feed.lag()["notices"] == GroupLag(lag=5, pending=0)
+    taken = feed.take(3)
+    assert feed.lag()["notices"] == GroupLag(lag=2, pending=3)
+    feed.done(taken)
+    feed.take(10)  # acknowledges the done ones, takes the rest
+    assert feed.lag()["notices"] == GroupLag(lag=0, pending=2)
+    assert feed.lag()["handbacks"] == GroupLag(lag=0, pending=0)
 
 
 # --- poison --------------------------------------------------------------------------------------

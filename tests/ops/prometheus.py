@@ -23,6 +23,19 @@ from typing import Any
 from tests.support import wait_for
 
 SCRAPE_INTERVAL = "200ms"
+RATE_INTERVAL = "5m"  # longer than any test's run: a panel's rates cover all of it
+
+
+def expand(expr: str, tenant: str = ".*", namespace: str = ".*", job: str = ".*") -> str:
+    """A dashboard query with Grafana's variables as a selection expands them (All: ``.*``)."""
+    return (
+        expr.replace("$__rate_interval", RATE_INTERVAL)
+        .replace("$tenant", tenant)
+        .replace("$namespace", namespace)
+        .replace("$job", job)
+    )
+
+
 JOB = "reins"
 POLL_S = 0.05
 
@@ -44,8 +57,15 @@ def free_port() -> int:
 class PrometheusServer:
     """One Prometheus process scraping ``targets`` (``host:port`` of /metrics endpoints)."""
 
-    def __init__(self, binary: str, targets: list[str], startup_timeout_s: float = 60) -> None:
+    def __init__(
+        self,
+        binary: str,
+        targets: list[str],
+        startup_timeout_s: float = 60,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         self.binary, self.targets, self.startup_timeout_s = binary, targets, startup_timeout_s
+        self.labels = labels or {}  # added to every target's series (a namespace, say)
         self.port = 0
         self.dir: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -64,7 +84,10 @@ class PrometheusServer:
                 {
                     "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": "150ms"},
                     "scrape_configs": [
-                        {"job_name": JOB, "static_configs": [{"targets": self.targets}]}
+                        {
+                            "job_name": JOB,
+                            "static_configs": [{"targets": self.targets, "labels": self.labels}],
+                        }
                     ],
                 }
             )
@@ -152,16 +175,25 @@ class PrometheusServer:
         assert data["resultType"] == "vector", data
         return list(data["result"])
 
-    def last_scrape(self) -> float:
-        """When the latest completed scrape of every target began (0 if none yet)."""
+    def last_scrape(self, targets: list[str] | None = None) -> float:
+        """When the latest completed scrape of every target (or of ``targets``) began (0 if
+        none yet, or one of them is down)."""
+        wanted = set(self.targets if targets is None else targets)
         # timestamp() keeps a sample's own time only when applied straight to a selector
-        up = self.query(f'up{{job="{JOB}"}}')
-        if len(up) < len(self.targets) or any(float(s["value"][1]) != 1 for s in up):
+        up = [s for s in self.query(f'up{{job="{JOB}"}}') if s["metric"]["instance"] in wanted]
+        if len(up) < len(wanted) or any(float(s["value"][1]) != 1 for s in up):
             return 0.0
-        return min(float(s["value"][1]) for s in self.query(f'timestamp(up{{job="{JOB}"}})'))
+        times = self.query(f'timestamp(up{{job="{JOB}"}})')
+        return min(float(s["value"][1]) for s in times if s["metric"]["instance"] in wanted)
 
-    def wait_scraped_after(self, t: float, timeout_s: float = 30) -> None:
-        """Wait until every target has been scraped by a scrape that began after ``t``."""
+    def wait_scraped_after(
+        self, t: float, timeout_s: float = 30, targets: list[str] | None = None
+    ) -> None:
+        """Wait until every target (or each of ``targets``) has been scraped by a scrape that
+        began after ``t``."""
         wait_for(
-            lambda: self.last_scrape() > t, timeout_s, f"a scrape after {t:.3f}", every_s=POLL_S
+            lambda: self.last_scrape(targets) > t,
+            timeout_s,
+            f"a scrape after {t:.3f}",
+            every_s=POLL_S,
         )

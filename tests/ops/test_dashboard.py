@@ -18,6 +18,14 @@ REQUIRED = (
     "Stops by reason",
     "Turn duration p99 per worker",
     "Spend rate",
+    "Placement affinity hit rate",
+    "Recoveries per minute",
+    "Hand-backs per minute",
+    "Poison notices per minute",
+    "Queue depth per worker",
+    "Oldest queued turn per worker",
+    "Feed lag",
+    "Redis errors per second",
 )
 
 
@@ -35,12 +43,31 @@ def test_schema_variables_and_datasource() -> None:
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    tenant = variables["tenant"]
-    assert tenant["type"] == "query" and tenant["multi"] and tenant["includeAll"]
-    assert tenant["datasource"]["uid"] == "${datasource}"
+    for name in ("namespace", "job", "tenant"):
+        variable = variables[name]
+        assert variable["type"] == "query" and variable["multi"] and variable["includeAll"]
+        assert variable["datasource"]["uid"] == "${datasource}"
+    # the job list follows the namespace, the tenant list both
+    assert "$namespace" in variables["job"]["definition"]
+    assert {"$namespace", "$job"} <= set(re.findall(r"\$\w+", variables["tenant"]["definition"]))
     for panel in board["panels"]:
+        if panel["type"] == "row":
+            continue
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert all(t["datasource"] == panel["datasource"] for t in panel["targets"])
+
+
+def test_rows_hold_fairness_then_fleet_health() -> None:
+    panels = json.loads(dashboard.render())["panels"]
+    rows = [p["title"] for p in panels if p["type"] == "row"]
+    assert rows == ["Fairness", "Fleet health"]
+    after = {}
+    row = ""
+    for p in panels:
+        row = p["title"] if p["type"] == "row" else row
+        after[p["title"]] = row
+    assert after["Jain's fairness index"] == "Fairness"
+    assert after["Placement affinity hit rate"] == after["Feed lag"] == "Fleet health"
 
 
 def test_required_panels_and_layout() -> None:
@@ -69,3 +96,12 @@ def test_every_metric_a_panel_reads_is_one_reins_exports() -> None:
         assert names <= exported, (title, names - exported)
     per_tenant = [e for t, _, e in dashboard.queries() if "tenant" in e and "$tenant" not in e]
     assert not per_tenant, "a per-tenant panel ignores the tenant variable"
+
+
+def test_every_selector_of_every_query_names_the_deployment() -> None:
+    """Two releases on one Prometheus: no query may read another namespace's or job's series."""
+    for title, ref, expr in dashboard.queries():
+        selectors = re.findall(r"\breins_[a-z_]+(\{[^}]*\})?", expr)
+        assert selectors, title
+        for sel in selectors:
+            assert 'namespace=~"$namespace"' in sel and 'job=~"$job"' in sel, (title, ref, expr)

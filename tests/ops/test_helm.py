@@ -93,9 +93,13 @@ def test_default_render_has_the_fleet_and_no_service_monitor() -> None:
         ("Deployment", "r-reins-api"),
         ("Deployment", "r-reins-router"),
         ("Deployment", "r-reins-worker"),
+        ("PodDisruptionBudget", "r-reins-api"),
+        ("PodDisruptionBudget", "r-reins-router"),
+        ("PodDisruptionBudget", "r-reins-worker"),
         ("Service", "r-reins-api"),
         ("Service", "r-reins-router"),
         ("Service", "r-reins-worker-metrics"),
+        ("ServiceAccount", "r-reins"),
     ]
 
 
@@ -291,3 +295,91 @@ def test_probes_ask_the_process_on_its_health_port(component: str) -> None:
     assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "health"}
     env = reins_env(c)
     assert env["REINS_HEALTH_PORT"]["value"] == str(values()["health"]["port"])
+
+
+def test_the_worker_label_is_the_deployments_name_not_the_pods() -> None:
+    docs = render()
+    deployment = one(docs, "Deployment", "-worker")["metadata"]["name"]
+    label = reins_env(container(docs, "worker"))["REINS_METRICS_WORKER_LABEL"]["value"]
+    assert label == deployment == "r-reins-worker"
+    assert Settings.from_env({"REINS_METRICS_WORKER_LABEL": label}).metrics_worker_label == label
+    chosen = render("metrics.workerLabel=workers-eu")
+    assert reins_env(container(chosen, "worker"))["REINS_METRICS_WORKER_LABEL"]["value"] == (
+        "workers-eu"
+    )
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ("worker.replicas=abc", "worker.replicas"),
+        ("worker.concurrency=0", "worker.concurrency"),
+        ("metrics.port=70000", "metrics.port"),
+        ("store.redisUrl=http://cache:6379", "store.redisUrl"),
+        ("router.replicas=0", "router.replicas"),
+        ("worker.podDisruptionBudget.maxUnavailable=0", "worker.podDisruptionBudget"),
+        ("topologySpread[0].whenUnsatisfiable=Sometimes", "whenUnsatisfiable"),
+        ("serviceAccount.automountToken=maybe", "serviceAccount.automountToken"),
+    ],
+)
+def test_the_schema_refuses_a_bad_value_naming_it(bad: str, named: str) -> None:
+    done = helm("template", "r", str(CHART), "--set", bad)
+    assert done.returncode != 0 and not done.stdout
+    assert "values don't meet the specifications of the schema" in done.stderr
+    assert named in done.stderr, done.stderr
+
+
+def test_pdbs_probes_service_account_and_spread_by_default() -> None:
+    docs = render()
+    account = one(docs, "ServiceAccount", "r-reins")
+    assert account["automountServiceAccountToken"] is False
+    for component in ("router", "api", "worker"):
+        deployment = one(docs, "Deployment", f"-{component}")
+        pod = deployment["spec"]["template"]
+        labels = deployment["spec"]["selector"]["matchLabels"]
+        pdb = one(docs, "PodDisruptionBudget", f"-{component}")
+        assert pdb["spec"]["selector"]["matchLabels"] == labels
+        assert pdb["spec"]["maxUnavailable"] == 1
+        spec = pod["spec"]
+        assert spec["serviceAccountName"] == account["metadata"]["name"]
+        assert spec["automountServiceAccountToken"] is False
+        spread = spec["topologySpreadConstraints"]
+        assert {c["topologyKey"] for c in spread} == {
+            "kubernetes.io/hostname",
+            "topology.kubernetes.io/zone",
+        }
+        assert all(c["labelSelector"]["matchLabels"] == labels for c in spread)
+        assert labels.items() <= pod["metadata"]["labels"].items()
+        c = container(docs, component)
+        ports = {p["name"] for p in c["ports"]}
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"]["port"] in ports, (component, probe)
+        assert {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]}
+    off = render("worker.podDisruptionBudget.enabled=false")
+    assert not [d for d in off if d["kind"] == "PodDisruptionBudget" and "worker" in str(d)]
+
+
+def images(docs: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """The image of every container and init container, by component/container."""
+    out = {}
+    for d in docs:
+        if d["kind"] != "Deployment":
+            continue
+        component = d["metadata"]["labels"]["app.kubernetes.io/component"]
+        spec = d["spec"]["template"]["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            out[f"{component}/{c['name']}"] = c["image"]
+    return out
+
+
+def test_a_schema_upgrade_moves_routers_and_the_api_first_then_workers() -> None:
+    """README, "Drain, crashes and rolling deploys": the two documented steps, as rendered."""
+    old, new = "0.1.0", "0.2.0"
+    before = images(render(f"image.tag={old}"))
+    assert set(before.values()) == {f"ghcr.io/reins/reins:{old}"}
+    step1 = images(render(f"image.tag={new}", f"worker.imageTag={old}"))
+    assert {k: v.rsplit(":", 1)[1] for k, v in step1.items()} == {
+        k: old if k.startswith("worker/") else new for k in before
+    }
+    step2 = images(render(f"image.tag={new}"))
+    assert set(step2.values()) == {f"ghcr.io/reins/reins:{new}"}

@@ -43,6 +43,16 @@ FAMILIES = {
     "reins_store_conflicts": ("counter", set()),
     "reins_ring_members": ("gauge", {"state"}),
     "reins_poison_notices": ("counter", {"source"}),
+    "reins_recoveries": ("counter", {"state"}),
+    "reins_handbacks": ("counter", {"worker", "why"}),
+    "reins_follow_on_turns": ("counter", {"worker"}),
+    "reins_turn_affinity": ("counter", {"worker", "placement"}),
+    "reins_worker_queue_depth": ("gauge", {"worker"}),
+    "reins_worker_queue_oldest_age_seconds": ("gauge", {"worker"}),
+    "reins_feed_lag_entries": ("gauge", {"source"}),
+    "reins_feed_pending_entries": ("gauge", {"source"}),
+    "reins_worker_info": ("gauge", {"worker", "member"}),
+    "reins_redis_errors": ("counter", set()),
 }
 
 

@@ -36,6 +36,42 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
+{{/* The workers' image: held at worker.imageTag during step 1 of a record-schema upgrade. */}}
+{{- define "reins.workerImage" -}}
+{{ .Values.image.repository }}:{{ .Values.worker.imageTag | default .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "reins.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "reins.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+What every reins pod's spec shares: its ServiceAccount, without an API token (reins never calls
+the Kubernetes API), and its spread over the topology keys of .Values.topologySpread.
+Include with (dict "ctx" $ "component" "router").
+*/}}
+{{- define "reins.podSpec" -}}
+serviceAccountName: {{ include "reins.serviceAccountName" .ctx }}
+automountServiceAccountToken: {{ .ctx.Values.serviceAccount.automountToken }}
+{{- $component := .component }}
+{{- $ctx := .ctx }}
+{{- with .ctx.Values.topologySpread }}
+topologySpreadConstraints:
+{{- range . }}
+  - maxSkew: {{ .maxSkew }}
+    topologyKey: {{ .topologyKey }}
+    whenUnsatisfiable: {{ .whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- include "reins.selectorLabels" (dict "ctx" $ctx "component" $component) | nindent 8 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "reins.tenantsPath" -}}
 /etc/reins/{{ .Values.tenants.fileName }}
 {{- end }}
@@ -56,7 +92,7 @@ in Redis, applied at router boot;
 every other one comes from .Values.settings, so a new setting is one line in values.yaml.
 */}}
 {{- define "reins.env" -}}
-{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" "metrics_port" "metrics_host" "health_port" "health_host" }}
+{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" "metrics_port" "metrics_host" "metrics_worker_label" "health_port" "health_host" }}
 {{- range $key, $_ := .Values.settings }}
 {{- if has $key $own }}
 {{- fail (printf "settings.%s has its own value in values.yaml (see store, broker, tenants, worker, metrics, health); remove it from settings" $key) }}
@@ -93,6 +129,8 @@ every other one comes from .Values.settings, so a new setting is one line in val
   value: {{ required "metrics.port is required (every pod serves /metrics)" .Values.metrics.port | int | toString | quote }}
 - name: REINS_METRICS_HOST
   value: {{ .Values.metrics.host | default "0.0.0.0" | quote }}
+- name: REINS_METRICS_WORKER_LABEL  # the worker label of its series: outlives every pod
+  value: {{ .Values.metrics.workerLabel | default (printf "%s-worker" (include "reins.fullname" .)) | quote }}
 - name: REINS_HEALTH_PORT
   value: {{ required "health.port is required (the probes use it)" .Values.health.port | int | toString | quote }}
 - name: REINS_HEALTH_HOST
