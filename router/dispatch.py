@@ -34,7 +34,7 @@ from router.admitter import FinalizeNow
 from router.agents import AgentCache
 from router.commits import commit
 from router.drr import Nomination, ReadyCall
-from router.feed import Feed, Notice, NoticeKind, TurnMessage, worker_commands
+from router.feed import Feed, Notice, NoticeKind, TurnMessage, admission_entry, worker_commands
 from router.gates import GateConfig, GateReading, ProviderGates
 from router.observe import AdmissionObserver, provider_of
 from router.ring import Ring
@@ -234,13 +234,10 @@ class Dispatcher:
             )
         ready: list[tuple[Any, str, TurnMessage, bool]] = []
         for claim in batch.claims:
-            depths = list(claim.depths)
-            if depths:
-                depths[claim.lane] += 1  # the claimed call was READY in its queue until now
             prepared = self._prepare(claim, claim.claim_id, ring)
             if prepared is not None:
                 member, msg = prepared
-                ready.append((claim, member, msg, bool(depths) and all(d > 0 for d in depths)))
+                ready.append((claim, member, msg, claim.backlogged))
         if ready:
             waits = admitter.confirm_many([claim for claim, _, _, _ in ready])
             for (claim, member, msg, backlogged), wait in zip(ready, waits, strict=True):
@@ -327,16 +324,17 @@ class Dispatcher:
     def _send(
         self, call: ReadyCall, member: str, msg: TurnMessage, backlogged: bool, wait_s: float
     ) -> None:
-        self.figures.pending_admissions.append(
-            {
-                "t": call.tenant,
-                "c": call.charge,
-                "b": backlogged,
-                "r": self.name,
-                "at": msg.admitted_at,
-                "w": round(wait_s, 4),  # the admission wait (GET /v1/usage reads it)
-            }
+        entry = admission_entry(
+            call.tenant,
+            call.service_class,
+            call.charge,
+            by=self.name,
+            at=msg.admitted_at,
+            backlogged=backlogged,
         )
+        entry["id"], entry["v"] = call.trajectory_id, msg.version
+        entry["w"] = round(wait_s, 4)  # the admission wait (GET /v1/usage reads it)
+        self.figures.pending_admissions.append(entry)
         self.figures.admitted += 1
         self.observer.on_admission(call, wait_s)
         self.sender(member, msg.to_payload())

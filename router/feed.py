@@ -192,6 +192,14 @@ def route_of(provider: str, model: str) -> str:
     return f"{provider}/{model}"
 
 
+def admission_entry(
+    tenant: str, service_class: str, charge: int, *, by: str, at: float, backlogged: bool
+) -> dict[str, Any]:
+    """An admission as the figures keep it (:meth:`Feed.record_admissions`): tenant, class,
+    charge, whether every configured tenant had READY work, who admitted it and when."""
+    return {"t": tenant, "k": service_class, "c": charge, "b": backlogged, "r": by, "at": at}
+
+
 @dataclass(frozen=True, slots=True)
 class TurnMessage:
     """What a router sends a worker: advance one trajectory by one turn.
