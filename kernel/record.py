@@ -25,8 +25,9 @@ from kernel.ledger import Ledger
 from kernel.modeljson import json_native, model_json
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 2  # 2: the ledger's overrun
-READABLE_SCHEMAS = frozenset({1, SCHEMA_VERSION})  # a version-1 record reads as a 2 without it
+SCHEMA_VERSION = 3  # 2: the ledger's overrun; 3: the service class
+#: Older records read as a 3 without what they lack (no overrun; the tenant's first class).
+READABLE_SCHEMAS = frozenset({1, 2, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
 
@@ -214,6 +215,7 @@ class TrajectoryRecord(Mutable):
     parent_id: str | None = None
     goal: str
     agent: str
+    service_class: str | None = None  # its tenant's class on every turn (None: the first)
     # control
     state: LifecycleState = LifecycleState.READY
     record_version: int = 1
@@ -262,6 +264,7 @@ class TrajectoryRecord(Mutable):
         now: float,
         parent_id: str | None = None,
         grants: Grants | None = None,
+        service_class: str | None = None,
     ) -> TrajectoryRecord:
         """A new record at version 1 in READY, its ledger opened from the budget."""
         fields = {
@@ -271,6 +274,7 @@ class TrajectoryRecord(Mutable):
             "goal": goal,
             "agent": agent,
             "parent_id": parent_id,
+            "service_class": service_class,
             "budget": budget,
             "ledger": Ledger.open(budget),
             "submitted_at": now,
@@ -279,6 +283,7 @@ class TrajectoryRecord(Mutable):
         if (
             all(type(t) is str for t in texts)
             and (parent_id is None or type(parent_id) is str)
+            and (service_class is None or type(service_class) is str)
             and type(budget) is Budget
             and type(now) is float
             and (grants is None or type(grants) is Grants)

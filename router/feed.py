@@ -87,17 +87,19 @@ class Notice:
     lease: str = ""  # the gate lease the ended turn was admitted under ("" for none)
     lease_route: str = ""  # the gate route of that lease
     used_tokens: int = -1  # the ended turn's model usage in tokens; -1: no evidence
+    service_class: str = ""  # the record's service class, for READY ("": the tenant's first)
 
-    def returning(self, route: str | None) -> tuple[str, str, int, int, None, str | None]:
+    def returning(self, route: str | None) -> tuple[str, str, int, int, str | None, str | None]:
         """What the admitter queues back for this READY trajectory: tenant, id, its next
-        call's input tokens and output allowance, the default class, and the gate ``route``
-        (None: no gate governs it)."""
+        call's input tokens and output allowance, the record's service class (None: the
+        tenant's first), and the gate ``route`` (None: no gate governs it)."""
         tokens, allowance = max(self.input_tokens, 0), max(self.output_allowance, 1)
-        return (self.tenant, self.trajectory_id, tokens, allowance, None, route)
+        klass = self.service_class or None
+        return (self.tenant, self.trajectory_id, tokens, allowance, klass, route)
 
     def encode(self) -> bytes:
         """The compact JSON form kept in Redis: the fields in order, as one array."""
-        fields = (
+        fields: tuple[Any, ...] = (
             self.kind.value,
             self.tenant,
             self.trajectory_id,
@@ -111,6 +113,8 @@ class Notice:
             self.lease_route,
             self.used_tokens,
         )
+        if self.service_class:  # written only when set: an older router reads the rest
+            fields += (self.service_class,)
         return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
@@ -140,6 +144,7 @@ _NOTICE_FIELDS = (
     "lease",
     "lease_route",
     "used_tokens",
+    "service_class",
 )
 _NOTICE_TYPES: tuple[type | tuple[type, ...], ...] = (
     str,
@@ -153,6 +158,7 @@ _NOTICE_TYPES: tuple[type | tuple[type, ...], ...] = (
     str,
     str,
     int,
+    str,
 )
 
 
@@ -184,6 +190,7 @@ def ready_notice(
         rec.budget.max_output_tokens,
         now,
         route,
+        service_class=rec.service_class or "",
     )
 
 

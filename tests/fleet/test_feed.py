@@ -118,7 +118,7 @@ def test_what_is_taken_stays_pending_until_done_and_is_acked_with_the_next_take(
 
 # --- poison --------------------------------------------------------------------------------------
 
-NEWER = json.dumps(["ready", "acme", "t-new", 3, "", 10, 10, 0.0, "", "", "", -1, "shape"])
+NEWER = json.dumps(["ready", "acme", "t-new", 3, "", 10, 10, 0.0, "", "", "", -1, "", "shape"])
 POISON = [b"not json at all", b'["ready", "acme"]', NEWER.encode(), b'["ready",1,2,"3"]']
 
 

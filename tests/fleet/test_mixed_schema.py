@@ -1,13 +1,13 @@
 """Mixed versions during a rolling deploy: an older and a newer record schema side by side.
 
 The newer build is simulated by :class:`NextBuildStore`: the same records, stored under schema
-version 3, which it reads along with version 2 (a build that migrates on write). The router is
+version 4, which it reads along with version 3 (a build that migrates on write). The router is
 of the newer build (routers deploy first); of the two workers, ``w1`` is of the older build
-(this code as it is: it writes version 2) and ``w2`` of the newer. Half the jobs are submitted
-before the router switched builds (version 2 records), half after (version 3).
+(this code as it is: it writes version 3) and ``w2`` of the newer. Half the jobs are submitted
+before the router switched builds (version 3 records), half after (version 4).
 
-``w1`` refuses every version-3 record it is sent without changing a byte of it and hands the
-turn back; the router sends the turn on to ``w2``, never back to ``w1``; version-2 records keep
+``w1`` refuses every version-4 record it is sent without changing a byte of it and hands the
+turn back; the router sends the turn on to ``w2``, never back to ``w1``; version-3 records keep
 running on ``w1``; every trajectory ends ``done`` with one refund and one email.
 """
 
@@ -30,11 +30,11 @@ from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from worker.turn import TurnRunner
 
 pytestmark = pytest.mark.redis
-CURRENT, NEXT = b'{"schema_version":2,', b'{"schema_version":3,'
+CURRENT, NEXT = b'{"schema_version":3,', b'{"schema_version":4,'
 
 
 class NextBuildStore(RedisStore):
-    """The store as the next build sees it: writes schema version 3, reads versions 2 and 3."""
+    """The store as the next build sees it: writes schema version 4, reads versions 3 and 4."""
 
     def apply(self, commit: Commit) -> int:
         assert commit.snapshot.startswith(CURRENT)
@@ -73,7 +73,7 @@ def test_an_older_worker_hands_back_a_newer_record_unchanged_and_it_finishes_els
     assert all(newer.raw("acme", t)[1].startswith(NEXT) for t in new_ids)
 
     runners = {
-        "w1": inproc.runner,  # the older build: the store as it is, version 2
+        "w1": inproc.runner,  # the older build: the store as it is, version 3
         "w2": TurnRunner(store=newer, tools=inproc.runner.tools, feed=inproc.feed, worker="w2"),
     }
     handed_back: Counter[str] = Counter()
@@ -93,11 +93,11 @@ def test_an_older_worker_hands_back_a_newer_record_unchanged_and_it_finishes_els
                 assert report.advanced == 0
                 handed_back[msg.trajectory_id] += 1
             elif member == "w1":
-                assert before[1].startswith(CURRENT), "w1 only ever carries out version-2 records"
+                assert before[1].startswith(CURRENT), "w1 only ever carries out version-3 records"
     else:
         raise AssertionError("the fleet did not go quiet")
 
-    assert handed_back, "some version-3 turn was placed on the older worker"
+    assert handed_back, "some version-4 turn was placed on the older worker"
     assert set(handed_back) <= set(new_ids) | set(old_ids)
     records = [newer.load("acme", t) for t in old_ids + new_ids]
     assert [r.stop_reason for r in records] == [StopReason.DONE] * 16

@@ -3,11 +3,15 @@ anything malformed is refused as bad input."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from kernel.budget import Budget
 from kernel.errors import InvalidInput
 from kernel.events import CallModel, DispatchTool
-from router.feed import Notice, NoticeKind, TurnMessage
+from router.feed import Notice, NoticeKind, TurnMessage, ready_notice
+from tests.kernel.harness import new_record
 
 CALL = CallModel(call_id="t/m1", attempt_id="t/m1/a1", view="{}", max_output_tokens=9, timeout_s=3)
 TOOL = DispatchTool(
@@ -24,6 +28,19 @@ def test_a_notice_round_trips() -> None:
     notice = Notice(NoticeKind.READY, "acme", "t", 7, "t/m1", 120, 300, 1.5, "p/m", "c9", "p/m", 44)
     assert Notice.decode(notice.encode()) == notice
     assert Notice.decode(Notice(NoticeKind.IDLE, "a", "t", 1).encode()).kind is NoticeKind.IDLE
+
+
+def test_a_ready_notice_carries_its_records_class_and_an_unset_one_stays_off_the_wire() -> None:
+    rec = new_record(Budget(max_steps=5))
+    rec.service_class = "maintenance"
+    notice = ready_notice(rec, "", 1.0, "p/m")
+    back = Notice.decode(notice.encode())
+    assert back.service_class == "maintenance"
+    assert back.returning("p/m")[4] == "maintenance", "the requeue names the record's class"
+    rec.service_class = None
+    plain = ready_notice(rec, "", 1.0)
+    assert len(json.loads(plain.encode())) == 12, "what routers of the build before read"
+    assert Notice.decode(plain.encode()).returning(None)[4] is None
 
 
 @pytest.mark.parametrize("raw", [b"{}", b"[]", b'["nope", "a", "t", 1]', b"not json"])
