@@ -35,6 +35,7 @@ from router.agents import AgentCache
 from router.commits import commit
 from router.drr import Nomination, ReadyCall
 from router.feed import Feed, Notice, NoticeKind, TurnMessage, admission_entry, worker_commands
+from router.feedback import feedback_from
 from router.gates import GateConfig, GateReading, ProviderGates
 from router.observe import AdmissionObserver, provider_of
 from router.ring import Ring
@@ -119,10 +120,8 @@ class Dispatcher:
         """Settle each notice's gate lease and requeue READY trajectories."""
         ready = []
         for n in notices:
-            if n.lease and self.gates is not None and n.lease_route:
-                used = n.used_tokens if n.used_tokens >= 0 else None
-                self.gates.settle(n.lease_route, n.lease, used)
-                self.figures.settled += 1
+            if self.gates is not None and n.lease_route:
+                self._settle(self.gates, n)
             if n.kind is NoticeKind.READY:
                 ready.append(n)
         if not ready:
@@ -140,6 +139,18 @@ class Dispatcher:
             return
         for n, answer in zip(ready, answers, strict=True):
             self._requeued(n, answer)
+
+    def _settle(self, gates: ProviderGates, n: Notice) -> None:
+        """Apply what the ended turn's reply said of the provider's quota (429, retry-after,
+        remaining requests and tokens), then settle its gate lease: the gate tightens before
+        the next claim and recovers as the headers allow (ADR 0121)."""
+        if n.feedback and self.route_for(n.lease_route):
+            # First, while the lease still holds its slot: no replica's claim comes in between.
+            retry = n.retry_after_s if n.retry_after_s >= 0 else None
+            gates.observe(n.lease_route, feedback_from(n.rate_limits, retry, time.time()))
+        if n.lease:
+            gates.settle(n.lease_route, n.lease, n.used_tokens if n.used_tokens >= 0 else None)
+            self.figures.settled += 1
 
     def requeue(self, n: Notice) -> None:
         """Queue a READY trajectory with its next call's charge; duplicates are ignored."""

@@ -88,6 +88,13 @@ class Notice:
     lease_route: str = ""  # the gate route of that lease
     used_tokens: int = -1  # the ended turn's model usage in tokens; -1: no evidence
     service_class: str = ""  # the record's service class, for READY ("": the tenant's first)
+    retry_after_s: float = -1.0  # the ended turn's reply: seconds to wait (-1: it said nothing)
+    rate_limits: dict[str, str] = field(default_factory=dict, hash=False)  # and its headers
+
+    @property
+    def feedback(self) -> bool:
+        """True when the ended turn's reply said something about the provider's quota."""
+        return self.retry_after_s >= 0 or bool(self.rate_limits)
 
     def returning(self, route: str | None) -> tuple[str, str, int, int, str | None, str | None]:
         """What the admitter queues back for this READY trajectory: tenant, id, its next
@@ -112,10 +119,16 @@ class Notice:
             self.lease,
             self.lease_route,
             self.used_tokens,
+            self.service_class,
+            self.retry_after_s,
+            self.rate_limits,
         )
-        if self.service_class:  # written only when set: an older router reads the rest
-            fields += (self.service_class,)
-        return json.dumps(fields, separators=(",", ":")).encode()
+        # The fields after used_tokens are written only when set: a router of an older build
+        # reads the rest.
+        at = len(fields)
+        while at > _OLDEST_WIDTH and fields[at - 1] in ("", -1.0, {}):
+            at -= 1
+        return json.dumps(fields[:at], separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Notice:
@@ -145,7 +158,10 @@ _NOTICE_FIELDS = (
     "lease_route",
     "used_tokens",
     "service_class",
+    "retry_after_s",
+    "rate_limits",
 )
+_OLDEST_WIDTH = 12  # the kind and the fields up to used_tokens: what every router reads
 _NOTICE_TYPES: tuple[type | tuple[type, ...], ...] = (
     str,
     str,
@@ -159,6 +175,8 @@ _NOTICE_TYPES: tuple[type | tuple[type, ...], ...] = (
     str,
     int,
     str,
+    (int, float),
+    dict,
 )
 
 

@@ -50,7 +50,7 @@ from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
 from worker.turn_checks import HandBackInstead, Ignored, Opening
-from worker.turn_commands import CommandCarrier
+from worker.turn_commands import CommandCarrier, Metered
 from worker.turn_ending import NO_USAGE, TurnEnding
 
 log = logging.getLogger("reins.worker.turn")
@@ -105,6 +105,7 @@ class _Ended:
     kind: NoticeKind
     reason: str
     used_tokens: int
+    metered: Metered | None = None  # the last model reply's meter (its quota feedback)
 
 
 class _OnPart(Generic[T]):
@@ -255,7 +256,7 @@ class TurnRunner:
             notice = Notice(
                 end.kind, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id
             )
-            self._ending.notify(msg, notice, end.used_tokens)
+            self._ending.notify(msg, notice, end.used_tokens, end.metered)
             return report, None
         return report, self._hand_over(msg, end, turn.ctx, task_began)
 
@@ -282,6 +283,7 @@ class TurnRunner:
         """Carry out the queued commands, committing each outcome before what it asks for."""
         rec, todo, ctx = turn.rec, turn.todo, turn.ctx
         ended, reason, used = NoticeKind.IDLE, "nothing left to do", NO_USAGE
+        last: Metered | None = None
         while todo:
             cmd = todo.popleft()
             ending = _ending_of(cmd, rec)
@@ -292,9 +294,11 @@ class TurnRunner:
                 self.inflight.cancel(cmd.call_id)
                 self.feed.publish_cancel(rec.tenant, rec.trajectory_id, cmd.call_id)
                 continue
-            event, tokens = self._carrier.carry_out(rec, cmd)
-            if tokens is not None:
-                used = tokens
+            event, metered = self._carrier.carry_out(rec, cmd)
+            if metered is not None:
+                last = metered
+                if metered.used_tokens is not None:
+                    used = metered.used_tokens
             rec, result = self._commit(rec, event, ctx)
             if result is None:
                 ended, reason = NoticeKind.IDLE, "the kernel refused an outcome (logged)"
@@ -302,7 +306,7 @@ class TurnRunner:
             if result.quarantined is not None:
                 log.info("%s: reply quarantined (%s)", rec.trajectory_id, result.quarantined.why)
             todo.extend(result.commands)
-        return _Ended(rec, ended, reason, used)
+        return _Ended(rec, ended, reason, used, last)
 
     def _hand_over(
         self, msg: TurnMessage, end: _Ended, ctx: KernelContext, task_began: float
@@ -312,8 +316,9 @@ class TurnRunner:
         rec, used = end.rec, end.used_tokens
         notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
         follow_on = self.follow_on
-        if follow_on is None or not follow_on.may_follow_on(msg, task_began):
-            self._ending.notify(msg, notice, used)
+        quota_news = end.metered is not None and end.metered.feedback  # for a router's gates
+        if follow_on is None or quota_news or not follow_on.may_follow_on(msg, task_began):
+            self._ending.notify(msg, notice, used, end.metered)
             return None
         self._ending.let_go(msg)
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect, ToolResulted
 from kernel.record import TrajectoryRecord
@@ -18,6 +19,21 @@ from worker.fleet_agents import TurnTools
 from worker.providers.base import InflightCalls
 
 log = logging.getLogger("reins.worker.turn")
+
+
+@dataclass(frozen=True, slots=True)
+class Metered:
+    """What a model call's reply says beyond its event: the tokens it used (None: no
+    evidence) and what it said about the provider's quota, for the gates."""
+
+    used_tokens: int | None
+    retry_after_s: float | None = None
+    rate_limits: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def feedback(self) -> bool:
+        """True when the reply said anything about the provider's quota."""
+        return self.retry_after_s is not None or bool(self.rate_limits)
 
 
 class CommandCarrier:
@@ -38,15 +54,15 @@ class CommandCarrier:
         self.tools, self.inflight, self.listener, self.clock = tools, inflight, listener, clock
         self.max_call_s = max_call_s
 
-    def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, int | None]:
-        """Do what ``cmd`` asks; its event, and the model tokens it used (None: no evidence)."""
+    def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, Metered | None]:
+        """Do what ``cmd`` asks; its event, and for a model call what its reply metered."""
         if isinstance(cmd, CallModel):
             return self.call_model(rec, cmd)
         if isinstance(cmd, DispatchTool | LookupEffect):
             return self.call_tool(rec, cmd), None
         raise TypeError(f"not a command a worker carries out: {cmd!r}")  # pragma: no cover
 
-    def call_model(self, rec: TrajectoryRecord, cmd: CallModel) -> tuple[Event, int | None]:
+    def call_model(self, rec: TrajectoryRecord, cmd: CallModel) -> tuple[Event, Metered]:
         """One model call, cancelable through its in-flight token while it runs."""
         token = self.inflight.open(cmd.call_id)
         try:
@@ -61,7 +77,8 @@ class CommandCarrier:
         if reply.usage is not None:
             u = reply.usage
             used = u.uncached_input + u.cached_input + u.output
-        return reply.replied(cmd.call_id, self.clock()), used
+        metered = Metered(used, reply.retry_after_s, reply.rate_limits)
+        return reply.replied(cmd.call_id, self.clock()), metered
 
     def call_tool(self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect) -> ToolResulted:
         """One tool call (or effect lookup) through the agent's backend; a backend that raises

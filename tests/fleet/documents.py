@@ -11,20 +11,24 @@ from tests.fleet.harness import AGENT
 
 
 def fleet_document(
-    weights: dict[str, int], classes: dict[str, dict[str, int]] | None = None
+    weights: dict[str, int],
+    classes: dict[str, dict[str, int]] | None = None,
+    *,
+    agent: str = AGENT,
+    gate: str = f'[gates.routes."{ROUTE}"]\nconcurrency = 6\nlease_ttl_s = 20\n',
 ) -> str:
     """The fleet's document: tenants of ``weights`` (and ``classes``, by tenant) running
-    AGENT, one gate of concurrency 6."""
+    ``agent``, and ``gate`` (TOML; default: one gate of concurrency 6)."""
     parts = ["quantum_tokens = 1000\ncredit_cap_tokens = 12000\n"]
     for name, weight in weights.items():
         own = (classes or {}).get(name, {})
         listed = ", ".join(f'{{ name = "{c}", weight = {w} }}' for c, w in own.items())
         parts.append(
             f'[[tenants]]\nname = "{name}"\nweight = {weight}\nmax_ready = 2000\n'
-            f'largest_call_tokens = 8000\nagents = ["{AGENT}"]\nbudget_max = {{ steps = 40 }}\n'
+            f'largest_call_tokens = 8000\nagents = ["{agent}"]\nbudget_max = {{ steps = 40 }}\n'
             + (f"classes = [{listed}]\n" if own else "")
         )
-    parts.append(f'[gates.routes."{ROUTE}"]\nconcurrency = 6\nlease_ttl_s = 20\n')
+    parts.append(gate)
     return "\n".join(parts)
 
 

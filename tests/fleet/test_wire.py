@@ -4,6 +4,7 @@ anything malformed is refused as bad input."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -41,6 +42,16 @@ def test_a_ready_notice_carries_its_records_class_and_an_unset_one_stays_off_the
     plain = ready_notice(rec, "", 1.0)
     assert len(json.loads(plain.encode())) == 12, "what routers of the build before read"
     assert Notice.decode(plain.encode()).returning(None)[4] is None
+
+
+def test_a_notice_carries_the_replys_quota_feedback_and_only_when_there_is_some() -> None:
+    limits = {"x-ratelimit-remaining-requests": "0", "retry-after-ms": "800"}
+    notice = Notice(NoticeKind.READY, "a", "t", 3, lease_route="p/m", rate_limits=limits)
+    said = Notice.decode(replace(notice, retry_after_s=0.8).encode())
+    assert said.feedback and said.retry_after_s == 0.8 and said.rate_limits == limits
+    assert said.service_class == "", "the fields before are written as placeholders"
+    assert not Notice.decode(replace(notice, rate_limits={}).encode()).feedback
+    assert len(json.loads(replace(notice, rate_limits={}).encode())) == 12
 
 
 @pytest.mark.parametrize("raw", [b"{}", b"[]", b'["nope", "a", "t", 1]', b"not json"])
