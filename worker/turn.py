@@ -49,6 +49,7 @@ from worker.fleet_agents import TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
+from worker.tool_gates import ToolGates
 from worker.turn_checks import HandBackInstead, Ignored, Opening
 from worker.turn_commands import CommandCarrier, Metered
 from worker.turn_ending import NO_USAGE, TurnEnding
@@ -152,9 +153,10 @@ class TurnRunner:
         leases: LeaseKeeper | None = None,
         follow_on: FollowOn | None = None,
         max_call_s: float = float("inf"),
+        tool_gates: ToolGates | None = None,
     ) -> None:
         inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
-        self._carrier = CommandCarrier(tools, inflight, listener, clock, max_call_s)
+        self._carrier = CommandCarrier(tools, inflight, listener, clock, max_call_s, tool_gates)
         self._ending = TurnEnding(feed, worker, custody, leases)
         self.store = store
         self.observer = observer or TurnObserver()

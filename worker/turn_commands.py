@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect, ToolResulted
@@ -17,6 +18,7 @@ from router.feed import CancelListener
 from worker.backend import dispatch
 from worker.fleet_agents import TurnTools
 from worker.providers.base import InflightCalls
+from worker.tool_gates import NoCapacity, ToolGates
 
 log = logging.getLogger("reins.worker.turn")
 
@@ -50,9 +52,11 @@ class CommandCarrier:
         listener: CancelListener | None,
         clock: Callable[[], float],
         max_call_s: float = float("inf"),
+        tool_gates: ToolGates | None = None,
     ) -> None:
         self.tools, self.inflight, self.listener, self.clock = tools, inflight, listener, clock
         self.max_call_s = max_call_s
+        self.tool_gates = tool_gates  # None: no tool's capacity is gated here
 
     def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, Metered | None]:
         """Do what ``cmd`` asks; its event, and for a model call what its reply metered."""
@@ -80,6 +84,15 @@ class CommandCarrier:
         metered = Metered(used, reply.retry_after_s, reply.rate_limits)
         return reply.replied(cmd.call_id, self.clock()), metered
 
+    def _capacity(self, cmd: DispatchTool | LookupEffect) -> AbstractContextManager[None]:
+        """The tool's fleet-wide capacity, held while a dispatch runs (a lookup needs none)."""
+        if self.tool_gates is None or not isinstance(cmd, DispatchTool):
+            return nullcontext()
+        # Queueing for a slot is bounded like any call (REINS_MAX_TURN_S): the routers' sweeps
+        # count on a turn's version moving at least that often.
+        within = self.max_call_s if self.max_call_s < float("inf") else cmd.timeout_s
+        return self.tool_gates.held(cmd.tool, cmd.attempt_id, within)
+
     def call_tool(self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect) -> ToolResulted:
         """One tool call (or effect lookup) through the agent's backend; a backend that raises
         gives an ``unknown`` outcome for a write, an ``error`` for a read."""
@@ -88,7 +101,11 @@ class CommandCarrier:
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
             cmd = cmd.model_copy(update={"timeout_s": self.max_call_s})
         try:
-            result, secs = dispatch(backend, rec.user, cmd)
+            with self._capacity(cmd):
+                result, secs = dispatch(backend, rec.user, cmd)
+        except NoCapacity as exc:  # the backend was never called: nothing happened
+            log.info("%s: tool %s not called: %s", rec.trajectory_id, cmd.tool, exc)
+            result, secs = {"status": "error", "code": "no_capacity"}, 0.0
         except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
             log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
             result, secs = {"status": "unknown", "code": "backend_error"}, 0.0
