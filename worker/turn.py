@@ -208,7 +208,7 @@ class TurnRunner:
             self.turns += 1
             if msg.admitted_at > 0:
                 self._delays_ms.append(max(started - msg.admitted_at, 0.0) * 1000.0)
-        self._ending.keep_lease(msg)
+        holder = self._ending.keep_lease(msg)
         nxt: _FollowOn | None = None
         try:
             report, nxt = self._run(msg, redelivered, held, task_began)
@@ -223,7 +223,11 @@ class TurnRunner:
                 why,
             )
             report = TurnReport(NoticeKind.IDLE, f"ignored: {why}", 0, msg.version)
-            self._ending.notify(msg, _idle(msg))
+            # An ignored message ran nothing: its lease is settled by the turn that holds it
+            # (or lapses with a holder that died), never by this notice.
+            if holder:
+                self._ending.let_go(msg)
+            self._ending.notify(msg, _idle(msg), holder=False)
         except HandBackInstead as back:
             log.warning(
                 "handed back turn of %s/%s (v%d) on %s: %s",
@@ -238,7 +242,7 @@ class TurnRunner:
         except Exception:  # a bug or an unreachable store: the record stays for recovery
             log.exception("turn of %s/%s failed on %s", msg.tenant, msg.trajectory_id, self.worker)
             report = TurnReport(NoticeKind.IDLE, "failed", 0, msg.version)
-            self._ending.notify(msg, _idle(msg))
+            self._ending.notify(msg, _idle(msg), holder=holder)
         finally:
             with self._lock:
                 self.active -= 1
