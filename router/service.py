@@ -105,8 +105,16 @@ class RouterService:
             self._reconfigure,
             gates_override=load_gate_config(options.gates_file) if options.gates_file else None,
         )
-        tenants = tuple(t.name for t in self.config.tenants)
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
+        self.swept: tuple[str, ...] = ()
+        self._sweeps(tuple(t.name for t in self.config.tenants))
+
+    def _sweeps(self, tenants: tuple[str, ...]) -> None:
+        """The parts that walk every tenant's trajectories (sweeps, ticks, owed runs, the
+        fleet report), over ``tenants``: built at boot, and again when a configuration adds
+        a tenant (a retired one stays: what it still runs is swept to the end)."""
+        settings = self.settings
+        self.swept = tenants
         self.report = FleetReport(self.membership, tenants)
         api = self.api()
         self.stranded = StrandedTurns.over(
@@ -139,7 +147,7 @@ class RouterService:
             self.membership,
             self.custody,
             ring=lambda: self.replica.ring,
-            by=options.name,
+            by=self.name,
             backstop=self.stranded,
             owed=self.owed,
         )
@@ -200,6 +208,9 @@ class RouterService:
         self.config, self.gate_config = new.admission, new.gates
         self.agents.allowed = partial(fleet_config.listed_anywhere, new.admission)
         self.observer.on_config(new.admission)
+        added = tuple(t.name for t in new.admission.tenants if t.name not in self.swept)
+        if added:
+            self._sweeps(self.swept + added)
         d = self.dispatcher
         if isinstance(d.admitter, RedisAdmitter):
             if isinstance(d.gates, RedisGates) and new.gates is not None:
