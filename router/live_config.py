@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernel.errors import ConfigError
 from router.fleet_config import ConfigSource, FleetConfig
 from router.gates import GateConfig
 from router.tenants import AdmissionConfig
@@ -48,12 +49,18 @@ class LiveConfig:
     def tick(self) -> bool:
         """Apply a newer version of the document if there is one; True when it did.
 
-        A document that does not validate any more (a newer build wrote it) raises what
-        :func:`router.fleet_config.load` raises; the router keeps the version it has.
+        A document this build cannot read (a newer build wrote it) is logged and the router
+        keeps the version it has: the rest of its tick goes on.
         """
         if self.source is None:
             return False
-        fleet: FleetConfig | None = self.source.peek()
+        try:
+            fleet: FleetConfig | None = self.source.peek()
+        except ConfigError as exc:
+            log.error(
+                "configuration not applied, keeping version %d: %s", self.applied.version, exc
+            )
+            return False
         if fleet is None or fleet.version <= self.applied.version:
             return False
         gates = self._gates_override if self._gates_override is not None else fleet.gates

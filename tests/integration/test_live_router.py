@@ -48,4 +48,11 @@ def test_a_tenant_added_while_the_router_runs_is_admitted_and_swept(
     assert router.dispatcher.admitter.is_queued(submitted.trajectory_id)
     weights = redis_client.hmget(f"{{{key_prefix}:adm}}:st", ["Q:0", "Q:1", "ver"])
     assert weights == [b"1000", b"3000", b"2"]
+    # A version this build cannot read (written by a newer one): kept out, the tick goes on.
+    redis_client.hset(
+        fleet_config.config_key(key_prefix), mapping={"version": 3, "document": '{"tenants": 1}'}
+    )
+    router.tick()
+    assert router.live.applied.version == 2
+    assert router.dispatcher.admitter.is_queued(submitted.trajectory_id)
     router.close()
