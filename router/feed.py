@@ -139,6 +139,9 @@ class Notice:
             kind, *rest = json.loads(raw)
             if len(rest) > len(_NOTICE_FIELDS) or not all(map(isinstance, rest, _NOTICE_TYPES)):
                 raise TypeError(_wrong_fields(rest))
+            headers = rest[13] if len(rest) > 13 else {}
+            if not all(isinstance(v, str) for v in headers.values()):
+                raise TypeError("rate_limits must map header names to strings")
             return cls(NoticeKind(kind), *rest)
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"malformed notice: {exc}") from None

@@ -54,7 +54,12 @@ def test_a_notice_carries_the_replys_quota_feedback_and_only_when_there_is_some(
     assert len(json.loads(replace(notice, rate_limits={}).encode())) == 12
 
 
-@pytest.mark.parametrize("raw", [b"{}", b"[]", b'["nope", "a", "t", 1]', b"not json"])
+HEADERS_NOT_TEXT = b'["ready","a","t",1,"",0,1,0.0,"","","",-1,"",-1.0,{"x-ratelimit-limit":1}]'
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{}", b"[]", b'["nope", "a", "t", 1]', b"not json", HEADERS_NOT_TEXT]
+)
 def test_a_malformed_notice_is_refused(raw: bytes) -> None:
     with pytest.raises(InvalidInput, match="malformed notice"):
         Notice.decode(raw)
