@@ -26,9 +26,10 @@ from kernel.modeljson import json_native, model_json
 from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 3  # 2: the ledger's overrun; 3: the scratchpad and recalled episodes
-# A version-1 record reads without the overrun, a version 1 or 2 without the scratchpad.
-READABLE_SCHEMAS = frozenset({1, 2, SCHEMA_VERSION})
+SCHEMA_VERSION = 4  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class
+#: Older records read as a 4 without what they lack (no overrun, no scratchpad, the tenant's
+#: first class).
+READABLE_SCHEMAS = frozenset({1, 2, 3, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
 
@@ -216,6 +217,7 @@ class TrajectoryRecord(Mutable):
     parent_id: str | None = None
     goal: str
     agent: str
+    service_class: str | None = None  # its tenant's class on every turn (None: the first)
     # control
     state: LifecycleState = LifecycleState.READY
     record_version: int = 1
@@ -266,6 +268,7 @@ class TrajectoryRecord(Mutable):
         now: float,
         parent_id: str | None = None,
         grants: Grants | None = None,
+        service_class: str | None = None,
     ) -> TrajectoryRecord:
         """A new record at version 1 in READY, its ledger opened from the budget."""
         fields = {
@@ -275,6 +278,7 @@ class TrajectoryRecord(Mutable):
             "goal": goal,
             "agent": agent,
             "parent_id": parent_id,
+            "service_class": service_class,
             "budget": budget,
             "ledger": Ledger.open(budget),
             "submitted_at": now,
@@ -283,6 +287,7 @@ class TrajectoryRecord(Mutable):
         if (
             all(type(t) is str for t in texts)
             and (parent_id is None or type(parent_id) is str)
+            and (service_class is None or type(service_class) is str)
             and type(budget) is Budget
             and type(now) is float
             and (grants is None or type(grants) is Grants)

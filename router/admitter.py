@@ -20,7 +20,8 @@ from kernel.states import StopReason
 from router import drr
 from router.drr import DrrState, Nomination, ReadyCall
 from router.fairness import FairnessBook, FairnessFigures
-from router.tenants import AdmissionConfig, LaneIndex, TenantConfig
+from router.lanes import LaneIndex
+from router.tenants import AdmissionConfig, TenantConfig
 
 Clock = Callable[[], float]
 

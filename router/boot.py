@@ -30,6 +30,7 @@ from router.dispatch import Dispatcher, Sender
 from router.feed import Feed
 from router.fifo import FifoAdmitter
 from router.gates import GateConfig, MemoryGates
+from router.live_config import Applied
 from router.membership import Membership, ReplicaRing
 from router.observe import RouterObserver
 from router.redis_admitter import RedisAdmitter
@@ -72,14 +73,14 @@ def load_gate_config(path: str) -> GateConfig | None:
     return GateConfig.from_mapping(data)
 
 
-def fleet_configuration(
-    client: redis.Redis, prefix: str, options: RouterOptions
-) -> tuple[AdmissionConfig, GateConfig | None]:
+def fleet_configuration(client: redis.Redis, prefix: str, options: RouterOptions) -> Applied:
     """The tenants and gates a router runs by: its files when it is given a tenants file (a
-    router on its own), otherwise the fleet's document in Redis (``reins config apply``), read
-    once at boot; a gates file given still replaces the document's gates."""
+    router on its own; version 0), otherwise the fleet's document in Redis (``reins config
+    apply``) as read at boot, which :class:`router.live_config.LiveConfig` follows from then on;
+    a gates file given still replaces the document's gates."""
     if options.tenants_file:
-        return AdmissionConfig.from_file(options.tenants_file), load_gate_config(options.gates_file)
+        config = AdmissionConfig.from_file(options.tenants_file)
+        return Applied(0, config, load_gate_config(options.gates_file))
     fleet = fleet_config.load(client, prefix)
     if fleet is None:
         raise ConfigError(
@@ -87,7 +88,7 @@ def fleet_configuration(
             "Redis), or name a file with REINS_TENANTS_FILE or --tenants"
         )
     gates = load_gate_config(options.gates_file) if options.gates_file else fleet.gates
-    return fleet.admission, gates
+    return Applied(fleet.version, fleet.admission, gates)
 
 
 @dataclass
@@ -136,6 +137,7 @@ class Admission:
     replica: ReplicaRing
     sender: Sender
     observer: RouterObserver
+    version: int = 0  # of the fleet's document (0: a file)
 
     @property
     def shared(self) -> bool:
@@ -154,6 +156,7 @@ class Admission:
                 prefix=prefix,
                 gates=gates,
                 claim_ttl_s=self.options.claim_ttl_s,
+                version=self.version,
             )
             return self._with(store, redis_admitter, gates, None)
         local_gates = MemoryGates(gate_config, time.time) if gate_config else None
@@ -229,7 +232,8 @@ class RouterParts:
         feed.create_groups()
         membership = Membership.of(client, settings)
         replica = ReplicaRing(membership, options.name)
-        config, gate_config = fleet_configuration(client, prefix, options)
+        applied = fleet_configuration(client, prefix, options)
+        config, gate_config = applied.admission, applied.gates
         observer.on_config(config)
         agents = AgentCache(lambda ref: fleet_config.listed_anywhere(config, ref))
         custody = Custody(client, prefix)
@@ -246,6 +250,7 @@ class RouterParts:
             replica,
             outbox.turn,
             observer,
+            applied.version,
         )
         return cls(
             client,

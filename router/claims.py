@@ -17,7 +17,7 @@ from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState
 from router.drr import Nomination, ReadyCall
 from router.gates import GateReading
-from router.tenants import AdmissionConfig
+from router.lanes import LaneIndex
 from store.redis_client import text
 
 #: Whether a trajectory is still READY in the store: (tenant, trajectory id) -> bool.
@@ -31,7 +31,8 @@ class Claim(Nomination):
     claim_id: str = ""
     seq: int = 0  # order of claims across every replica
     gate: GateReading | None = None  # the route's counters right after this debit
-    depths: tuple[int, ...] = ()  # every tenant's queue depth after the claim, when asked
+    depths: tuple[int, ...] = ()  # every lane's queue depth after the claim, when asked
+    backlogged: bool = False  # every configured tenant had a call READY when it was claimed
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +79,16 @@ def store_readiness(store: _Loads) -> Readiness:
     return ready
 
 
-def call_from(config: AdmissionConfig, trajectory_id: str, data: str) -> ReadyCall:
-    """A queued call from its stored form, ``lane|class|input|output|charge|ready_at|route``."""
+def call_from(lanes: LaneIndex, trajectory_id: str, data: str) -> ReadyCall:
+    """A queued call from its stored form, ``lane|class|input|output|charge|ready_at|route``.
+
+    Raises IndexError for a lane or class ``lanes`` does not know (reload it: the state was
+    reconfigured by another process)."""
     lane, klass, inp, out, charge, ready_at, route = data.split("|", 6)
-    cfg = config.tenants[int(lane)]
     return ReadyCall(
         trajectory_id,
-        cfg.name,
-        cfg.class_names[int(klass)],
+        lanes.name(int(lane)),
+        lanes.class_name(int(lane), int(klass)),
         int(inp),
         int(out),
         int(charge),
@@ -94,41 +97,47 @@ def call_from(config: AdmissionConfig, trajectory_id: str, data: str) -> ReadyCa
     )
 
 
-def claims_from(config: AdmissionConfig, reply: Sequence[Any], depths: bool) -> ClaimBatch:
-    """The claims in a claim.lua reply (layout in its header)."""
-    lanes = {t.name: i for i, t in enumerate(config.tenants)}
-    width = 10 + (len(config.tenants) if depths else 0)
+def claims_from(lanes: LaneIndex, reply: Sequence[Any], depths: bool) -> ClaimBatch:
+    """The claims in a claim.lua reply (layout in its header); IndexError as :func:`call_from`."""
+    count = int(reply[0])
+    width = (len(reply) - 5) // count if count else 10
     claims = []
-    for n in range(int(reply[0])):
+    for n in range(count):
         row = reply[5 + n * width : 5 + (n + 1) * width]
-        call = call_from(config, text(row[1]), text(row[2]))
-        lane = lanes[call.tenant]
+        data = text(row[2])
+        call = call_from(lanes, text(row[1]), data)
+        lane, klass = (int(v) for v in data.split("|", 2)[:2])
         gate = None
         if call.route:
             gate = GateReading(call.route, True, "ok", *(int(v) for v in row[4:10]))
+        after = [int(v) for v in row[10:]]
+        before = list(after)
+        if before:
+            before[lane] += 1  # the claimed call was READY in its queue until now
         claims.append(
             Claim(
                 lane,
-                config.tenants[lane].class_names.index(call.service_class),
+                klass,
                 call,
                 claim_id=text(row[0]),
                 seq=int(row[3]),
                 gate=gate,
-                depths=tuple(int(v) for v in row[10:]),
+                depths=tuple(after),
+                backlogged=lanes.backlogged(before),
             )
         )
     return ClaimBatch(tuple(claims), int(reply[1]), text(reply[2]), text(reply[4]))
 
 
 def enqueued_from(
-    config: AdmissionConfig, entries: Sequence[tuple[Any, ...]], reply: Sequence[Any]
+    lanes: LaneIndex, entries: Sequence[tuple[Any, ...]], reply: Sequence[Any]
 ) -> list[ReadyCall | SubmissionRefused]:
     """Per entry of an enqueue.lua run (layout in its header): the queued call or its refusal."""
     ready_at = float(text(reply[0]))
     answers: list[ReadyCall | SubmissionRefused] = []
     for entry, status in zip(entries, reply[1:], strict=True):
         tid, lane, klass, input_tokens, output_allowance, charge, route, _ = entry
-        cfg = config.tenants[lane]
+        cfg = lanes.tenants[lane]
         if int(status) == -1:
             answers.append(SubmissionRefused(f"trajectory {tid} is already queued"))
         elif int(status) < -1:
@@ -139,7 +148,7 @@ def enqueued_from(
                 )
             )
         else:
-            name = cfg.class_names[klass]
+            name = lanes.class_name(lane, klass)
             answers.append(
                 ReadyCall(
                     tid, cfg.name, name, input_tokens, output_allowance, charge, ready_at, route

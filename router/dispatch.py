@@ -34,7 +34,8 @@ from router.admitter import FinalizeNow
 from router.agents import AgentCache
 from router.commits import commit
 from router.drr import Nomination, ReadyCall
-from router.feed import Feed, Notice, NoticeKind, TurnMessage, worker_commands
+from router.feed import Feed, Notice, NoticeKind, TurnMessage, admission_entry, worker_commands
+from router.feedback import feedback_from
 from router.gates import GateConfig, GateReading, ProviderGates
 from router.observe import AdmissionObserver, provider_of
 from router.ring import Ring
@@ -119,10 +120,8 @@ class Dispatcher:
         """Settle each notice's gate lease and requeue READY trajectories."""
         ready = []
         for n in notices:
-            if n.lease and self.gates is not None and n.lease_route:
-                used = n.used_tokens if n.used_tokens >= 0 else None
-                self.gates.settle(n.lease_route, n.lease, used)
-                self.figures.settled += 1
+            if self.gates is not None and n.lease_route:
+                self._settle(self.gates, n)
             if n.kind is NoticeKind.READY:
                 ready.append(n)
         if not ready:
@@ -140,6 +139,18 @@ class Dispatcher:
             return
         for n, answer in zip(ready, answers, strict=True):
             self._requeued(n, answer)
+
+    def _settle(self, gates: ProviderGates, n: Notice) -> None:
+        """Apply what the ended turn's reply said of the provider's quota (429, retry-after,
+        remaining requests and tokens), then settle its gate lease: the gate tightens before
+        the next claim and recovers as the headers allow (ADR 0121)."""
+        if n.feedback and self.route_for(n.lease_route):
+            # First, while the lease still holds its slot: no replica's claim comes in between.
+            retry = n.retry_after_s if n.retry_after_s >= 0 else None
+            gates.observe(n.lease_route, feedback_from(n.rate_limits, retry, time.time()))
+        if n.lease:
+            gates.settle(n.lease_route, n.lease, n.used_tokens if n.used_tokens >= 0 else None)
+            self.figures.settled += 1
 
     def requeue(self, n: Notice) -> None:
         """Queue a READY trajectory with its next call's charge; duplicates are ignored."""
@@ -234,13 +245,10 @@ class Dispatcher:
             )
         ready: list[tuple[Any, str, TurnMessage, bool]] = []
         for claim in batch.claims:
-            depths = list(claim.depths)
-            if depths:
-                depths[claim.lane] += 1  # the claimed call was READY in its queue until now
             prepared = self._prepare(claim, claim.claim_id, ring)
             if prepared is not None:
                 member, msg = prepared
-                ready.append((claim, member, msg, bool(depths) and all(d > 0 for d in depths)))
+                ready.append((claim, member, msg, claim.backlogged))
         if ready:
             waits = admitter.confirm_many([claim for claim, _, _, _ in ready])
             for (claim, member, msg, backlogged), wait in zip(ready, waits, strict=True):
@@ -329,16 +337,17 @@ class Dispatcher:
     def _send(
         self, call: ReadyCall, member: str, msg: TurnMessage, backlogged: bool, wait_s: float
     ) -> None:
-        self.figures.pending_admissions.append(
-            {
-                "t": call.tenant,
-                "c": call.charge,
-                "b": backlogged,
-                "r": self.name,
-                "at": msg.admitted_at,
-                "w": round(wait_s, 4),  # the admission wait (GET /v1/usage reads it)
-            }
+        entry = admission_entry(
+            call.tenant,
+            call.service_class,
+            call.charge,
+            by=self.name,
+            at=msg.admitted_at,
+            backlogged=backlogged,
         )
+        entry["id"], entry["v"] = call.trajectory_id, msg.version
+        entry["w"] = round(wait_s, 4)  # the admission wait (GET /v1/usage reads it)
+        self.figures.pending_admissions.append(entry)
         self.figures.admitted += 1
         self.observer.on_admission(call, wait_s)
         self.sender(member, msg.to_payload())

@@ -96,17 +96,26 @@ class Notice:
     lease: str = ""  # the gate lease the ended turn was admitted under ("" for none)
     lease_route: str = ""  # the gate route of that lease
     used_tokens: int = -1  # the ended turn's model usage in tokens; -1: no evidence
+    service_class: str = ""  # the record's service class, for READY ("": the tenant's first)
+    retry_after_s: float = -1.0  # the ended turn's reply: seconds to wait (-1: it said nothing)
+    rate_limits: dict[str, str] = field(default_factory=dict, hash=False)  # and its headers
 
-    def returning(self, route: str | None) -> tuple[str, str, int, int, None, str | None]:
+    @property
+    def feedback(self) -> bool:
+        """True when the ended turn's reply said something about the provider's quota."""
+        return self.retry_after_s >= 0 or bool(self.rate_limits)
+
+    def returning(self, route: str | None) -> tuple[str, str, int, int, str | None, str | None]:
         """What the admitter queues back for this READY trajectory: tenant, id, its next
-        call's input tokens and output allowance, the default class, and the gate ``route``
-        (None: no gate governs it)."""
+        call's input tokens and output allowance, the record's service class (None: the
+        tenant's first), and the gate ``route`` (None: no gate governs it)."""
         tokens, allowance = max(self.input_tokens, 0), max(self.output_allowance, 1)
-        return (self.tenant, self.trajectory_id, tokens, allowance, None, route)
+        klass = self.service_class or None
+        return (self.tenant, self.trajectory_id, tokens, allowance, klass, route)
 
     def encode(self) -> bytes:
         """The compact JSON form kept in Redis: the fields in order, as one array."""
-        fields = (
+        fields: tuple[Any, ...] = (
             self.kind.value,
             self.tenant,
             self.trajectory_id,
@@ -119,8 +128,16 @@ class Notice:
             self.lease,
             self.lease_route,
             self.used_tokens,
+            self.service_class,
+            self.retry_after_s,
+            self.rate_limits,
         )
-        return json.dumps(fields, separators=(",", ":")).encode()
+        # The fields after used_tokens are written only when set: a router of an older build
+        # reads the rest.
+        at = len(fields)
+        while at > _OLDEST_WIDTH and fields[at - 1] in ("", -1.0, {}):
+            at -= 1
+        return json.dumps(fields[:at], separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Notice:
@@ -131,6 +148,9 @@ class Notice:
             kind, *rest = json.loads(raw)
             if len(rest) > len(_NOTICE_FIELDS) or not all(map(isinstance, rest, _NOTICE_TYPES)):
                 raise TypeError(_wrong_fields(rest))
+            headers = rest[13] if len(rest) > 13 else {}
+            if not all(isinstance(v, str) for v in headers.values()):
+                raise TypeError("rate_limits must map header names to strings")
             return cls(NoticeKind(kind), *rest)
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"malformed notice: {exc}") from None
@@ -149,7 +169,11 @@ _NOTICE_FIELDS = (
     "lease",
     "lease_route",
     "used_tokens",
+    "service_class",
+    "retry_after_s",
+    "rate_limits",
 )
+_OLDEST_WIDTH = 12  # the kind and the fields up to used_tokens: what every router reads
 _NOTICE_TYPES: tuple[type | tuple[type, ...], ...] = (
     str,
     str,
@@ -162,6 +186,9 @@ _NOTICE_TYPES: tuple[type | tuple[type, ...], ...] = (
     str,
     str,
     int,
+    str,
+    (int, float),
+    dict,
 )
 
 
@@ -193,12 +220,21 @@ def ready_notice(
         rec.budget.max_output_tokens,
         now,
         route,
+        service_class=rec.service_class or "",
     )
 
 
 def route_of(provider: str, model: str) -> str:
     """The provider route of a model: ``provider/model``, the name its quota gate goes by."""
     return f"{provider}/{model}"
+
+
+def admission_entry(
+    tenant: str, service_class: str, charge: int, *, by: str, at: float, backlogged: bool
+) -> dict[str, Any]:
+    """An admission as the figures keep it (:meth:`Feed.record_admissions`): tenant, class,
+    charge, whether every configured tenant had READY work, who admitted it and when."""
+    return {"t": tenant, "k": service_class, "c": charge, "b": backlogged, "r": by, "at": at}
 
 
 @dataclass(frozen=True, slots=True)

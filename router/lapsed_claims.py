@@ -10,6 +10,7 @@ which acts only once the deadline has passed, so replicas may reconcile at once)
 from __future__ import annotations
 
 from router.claims import Readiness, Reconciled
+from router.lanes import LaneIndex
 from router.redis_state import AdmitterState
 from store.redis_client import text
 
@@ -35,7 +36,8 @@ class LapsedClaims:
             if packed is None:
                 continue  # confirmed or declined since the range was read
             fields = text(packed).split("|", 11)  # lost|lostc|emptied|cemptied|<7 of data>|tid
-            tid, tenant = fields[-1], state.config.tenants[int(fields[4])].name
+            tid, lane = fields[-1], int(fields[4])
+            tenant = state.parsed(LaneIndex.name, lane)
             op = "requeue" if ready(tenant, tid) else "reap"
             reply = self._resolve(state.keys, (op, cid, repr(now)), retry=False)
             if int(reply[0]) == 1:

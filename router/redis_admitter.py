@@ -55,10 +55,12 @@ __all__ = [
 class RedisAdmitter(AdmissionQueue):
     """The admitter over Redis; one instance per owner (not thread-safe), any number per fleet.
 
-    Construction writes the configuration into an empty admitter state, or checks that the
-    state holds the same one (:class:`ConfigError` otherwise: reconfiguring a live admitter is
-    not supported yet). ``gates`` must be configured (:meth:`RedisGates.configure`) under the
-    same prefix; a call with a route is refused at submission unless ``gates`` knows it.
+    Construction installs the configuration as ``version`` (:meth:`AdmitterState.install`):
+    version 0 (a file) must be the one the state holds (:class:`ConfigError` otherwise);
+    a newer version of the fleet's document reconfigures the live state, and
+    :meth:`reconfigure` does so while it runs. ``gates`` must be configured
+    (:meth:`RedisGates.configure`) under the same prefix; a call with a route is refused at
+    submission unless ``gates`` knows it.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class RedisAdmitter(AdmissionQueue):
         clock: Clock | None = None,
         gates: RedisGates | None = None,
         claim_ttl_s: float = 30.0,
+        version: int = 0,
     ) -> None:
         if gates is not None and gates.prefix != prefix:
             raise ConfigError(f"gates use prefix {gates.prefix!r}, the admitter {prefix!r}")
@@ -84,9 +87,20 @@ class RedisAdmitter(AdmissionQueue):
         self._claims = RedisClaims(state)
         self._follow_on = FollowOnClaims(state, gates)
         self._figures = RedisFigures(state)
-        self._ends = ClaimEnds(state, self._figures.book)
+        self._ends = ClaimEnds(state, self._figures.record)
         self._lapsed = LapsedClaims(state)
-        state.install()
+        self._state = state
+        state.install(config, version)
+
+    def reconfigure(self, config: AdmissionConfig, version: int) -> bool:
+        """Admit by ``config`` from now on, version ``version`` of the fleet's document: the
+        shared state is reconfigured unless it already holds this version or a newer one
+        (True when this call wrote it). Every replica admits by the state's weights, so from
+        the first replica's call on all of them do. Design: ``docs/adr/0120-live-configuration.md``.
+        """
+        wrote = self._state.install(config, version)
+        self.config = config
+        return wrote
 
     # --- edge: validated entry ----------------------------------------------------------------
 

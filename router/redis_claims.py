@@ -65,7 +65,7 @@ class RedisClaims:
         reply = self._claim(state.keys, (*args, count, len(skip), *skip, *closed), retry=False)
         if int(reply[0]) == -3:
             return ClaimBatch((), 0, "moved")
-        return claims_from(state.config, reply, depths)
+        return state.parsed(claims_from, reply, depths)
 
     def admit_next(
         self, check: Callable[[ReadyCall], bool], confirm: Callable[[Claim], float]
@@ -83,7 +83,7 @@ class RedisClaims:
             reply = self._claim(state.keys, (*args, *skip, *closed), retry=False)
             if int(reply[0]) != -2:
                 return None
-            call = call_from(state.config, text(reply[2]), text(reply[3]))
+            call = state.parsed(call_from, text(reply[2]), text(reply[3]))
             if check(call):
                 attempt = self.claim(1, expect=call.trajectory_id, skip=skip, closed=closed)
                 if attempt.claim is not None:
@@ -116,7 +116,7 @@ class FollowOnClaims:
         """
         state = self._state
         tenant, tid, input_tokens, output_allowance, service_class, route = call
-        lane, klass, cfg = state.lanes.resolve(tenant, service_class)
+        lane, klass, cfg = state.lanes.resolve(tenant, service_class, returning=True)
         charge = scheduling_charge(tid, input_tokens, output_allowance)
         if charge > cfg.largest_call_tokens:
             if settle[1] and self._gates is not None:
@@ -129,5 +129,5 @@ class FollowOnClaims:
             return False, None
         if int(reply[0]) == -3:
             return True, None
-        batch = claims_from(state.config, reply, True)
+        batch = state.parsed(claims_from, reply, True)
         return True, batch.claims[0] if batch.claims else None

@@ -17,17 +17,18 @@ from redis.exceptions import RedisError
 from kernel.errors import ClaimLapsed, StaleNomination, StoreError
 from router.claims import Claim
 from router.drr import Nomination
-from router.fairness import FairnessBook
 from router.redis_state import AdmitterState
 from store.redis_client import Batch, script_reply, text
 
 
 class ClaimEnds:
-    """Confirms and declines claims; every confirmation is recorded in this replica's ``book``."""
+    """Confirms and declines claims; each confirmation goes to ``record`` (the figures)."""
 
-    def __init__(self, state: AdmitterState, book: FairnessBook) -> None:
+    def __init__(
+        self, state: AdmitterState, record: Callable[[str, int, float, float], None]
+    ) -> None:
         self._state = state
-        self._book = book
+        self._record = record
         self._confirm = state.script("confirm.lua")
         self._resolve = state.script("queue.lua", "gates.lua", "resolve.lua")
 
@@ -89,7 +90,7 @@ class ClaimEnds:
                 continue
             call = claim.call
             waits.append(now - call.ready_at)
-            self._book.record(claim.lane, call.charge, now - call.ready_at, now)
+            self._record(call.tenant, call.charge, now - call.ready_at, now)
         return waits
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from router.fairness import FairnessBook, FairnessFigures
 from router.redis_state import AdmitterState
+from router.tenants import AdmissionConfig
 
 
 class RedisFigures:
@@ -15,23 +16,42 @@ class RedisFigures:
 
     def __init__(self, state: AdmitterState) -> None:
         self._state = state
-        config = state.config
-        #: This replica's confirmations (fed by :class:`router.redis_confirms.ClaimEnds`).
-        self.book = FairnessBook(
-            names=[t.name for t in config.tenants],
-            weights=[t.weight for t in config.tenants],
-            wait_buckets_s=config.wait_buckets_s,
-            window_s=config.fairness_window_s,
-        )
+        self._rebook()
+
+    def _rebook(self) -> None:
+        config = self._book_of = self._state.config
+        self.book = _book(config)
+        self._at = {t.name: i for i, t in enumerate(config.tenants)}
+
+    def record(self, tenant: str, charge: int, wait_s: float, now: float) -> None:
+        """Count one of this replica's confirmations (a retired tenant's is not shown)."""
+        if self._book_of is not self._state.config:  # reconfigured: figures of the new tenants
+            self._rebook()
+        at = self._at.get(tenant)
+        if at is not None:
+            self.book.record(at, charge, wait_s, now)
 
     def figures(self) -> FairnessFigures:
         """Per tenant: depth and credit (global); admitted calls, waits, window (this replica)."""
-        n = len(self._state.config.tenants)
-        values = self._state.fields([f"q:{i}" for i in range(n)] + [f"c:{i}" for i in range(n)])
+        if self._book_of is not self._state.config:
+            self._rebook()
+        lanes = self._state.lanes.configured
+        n = len(lanes)
+        values = self._state.fields([f"q:{i}" for i in lanes] + [f"c:{i}" for i in lanes])
         return self.book.snapshot(self._state.time(), values[:n], values[n:])
 
     def admitted(self) -> list[tuple[int, int]]:
         """Per tenant, in configuration order: (calls, charge) confirmed by every replica."""
-        n = len(self._state.config.tenants)
-        values = self._state.fields([f"N:{i}" for i in range(n)] + [f"C:{i}" for i in range(n)])
+        lanes = self._state.lanes.configured
+        n = len(lanes)
+        values = self._state.fields([f"N:{i}" for i in lanes] + [f"C:{i}" for i in lanes])
         return list(zip(values[:n], values[n:], strict=True))
+
+
+def _book(config: AdmissionConfig) -> FairnessBook:
+    return FairnessBook(
+        names=[t.name for t in config.tenants],
+        weights=[t.weight for t in config.tenants],
+        wait_buckets_s=config.wait_buckets_s,
+        window_s=config.fairness_window_s,
+    )

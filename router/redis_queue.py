@@ -82,7 +82,7 @@ class RedisQueue:
         entries: list[tuple[Any, ...]] = []
         slots: list[int] = []
         for tenant, tid, input_tokens, output_allowance, service_class, route in calls:
-            lane, klass, cfg = self._state.lanes.resolve(tenant, service_class)
+            lane, klass, cfg = self._state.lanes.resolve(tenant, service_class, returning=True)
             charge = scheduling_charge(tid, input_tokens, output_allowance)
             route = self._route(tid, route, charge)
             if charge > cfg.largest_call_tokens:
@@ -136,4 +136,4 @@ class RedisQueue:
         for entry in entries:
             args.extend(entry)
         reply = self._enqueue(self._state.keys, args, retry=False)
-        return enqueued_from(self._state.config, entries, reply)
+        return enqueued_from(self._state.lanes, entries, reply)

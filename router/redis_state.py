@@ -9,14 +9,20 @@ Design: ``docs/adr/0003-redis-admitter-claims.md``.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 
 from kernel.errors import ConfigError
 from router.admitter import Clock
+from router.lanes import LaneIndex
 from router.redis_gates import LuaScript, admitter_tag
-from router.tenants import AdmissionConfig, LaneIndex
+from router.tenants import AdmissionConfig
 from store.redis_client import text
+
+_T = TypeVar("_T")
 
 
 class AdmitterState:
@@ -44,22 +50,54 @@ class AdmitterState:
         """An admitter script: ``state.lua`` (keys and helpers), then ``files`` in order."""
         return LuaScript(self.client, "state.lua", *files)
 
-    def install(self) -> None:
-        """Write the configuration into an empty state, or check the state holds the same one.
+    def install(self, config: AdmissionConfig | None = None, version: int = 0) -> bool:
+        """Install ``config`` (default: the one given at construction) as ``version``.
 
-        Raises :class:`ConfigError`, writing nothing, when it holds another configuration.
+        Version 0 (a file): write it into an empty state, or check the state holds the same one
+        (:class:`ConfigError` otherwise, writing nothing). Version >= 1 (the fleet's document):
+        reconfigure the live state if it holds an older version (``lua/init.lua``: lanes kept by
+        name, credit clipped to the new cap, new tenants with no credit); if it holds this one
+        or a newer one, only read its layout. Either way :attr:`lanes` follows the state's
+        layout afterwards. Returns True when this call wrote the state.
         """
-        config = self.config
-        args: list[object] = [_fingerprint(config), config.credit_cap_tokens, len(config.tenants)]
-        for t in config.tenants:
-            args += [round(config.quantum_tokens * t.weight), len(t.class_names)]
-            args += [round(config.quantum_tokens * w) for w in t.class_weights]
+        config = self.config if config is None else config
+        tenants = [
+            [
+                t.name,
+                round(config.quantum_tokens * t.weight),
+                [
+                    [c, round(config.quantum_tokens * w)]
+                    for c, w in zip(t.class_names, t.class_weights, strict=True)
+                ],
+            ]
+            for t in config.tenants
+        ]
+        args = (version, _fingerprint(config), config.credit_cap_tokens, json.dumps(tenants))
         reply = self.script("init.lua")(self.keys, args, retry=True)
-        if isinstance(reply, list):
+        if int(reply[0]) == -1:
             raise ConfigError(
                 f"admitter state {self.tag} holds another configuration ({text(reply[1])}); "
-                "drain it or use another REINS_KEY_PREFIX"
+                "apply the change with 'reins config apply', drain it, or use another "
+                "REINS_KEY_PREFIX"
             )
+        self.config = config
+        self.lanes = LaneIndex(config, _layout(text(reply[1])))
+        return int(reply[0]) == 1
+
+    def reload(self) -> None:
+        """Read the state's layout again (another process reconfigured it)."""
+        raw = self.client.hget(f"{self.tag}:st", "layout")
+        if raw is not None:
+            self.lanes = LaneIndex(self.config, _layout(text(raw)))
+
+    def parsed(self, parse: Callable[..., _T], *args: Any) -> _T:
+        """``parse(self.lanes, *args)``; again after :meth:`reload` if it met a lane or class
+        this process does not know yet (IndexError: another process reconfigured the state)."""
+        try:
+            return parse(self.lanes, *args)
+        except IndexError:
+            self.reload()
+            return parse(self.lanes, *args)
 
     def now(self) -> str:
         """The time argument of a script: the injected clock's, or "" for Redis TIME."""
@@ -87,3 +125,8 @@ class AdmitterState:
 def _fingerprint(config: AdmissionConfig) -> str:
     shape = config.model_dump_json(include={"quantum_tokens", "credit_cap_tokens", "tenants"})
     return hashlib.sha1(shape.encode()).hexdigest()[:16]
+
+
+def _layout(encoded: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The layout as ``init.lua`` stores it (Lua's cjson writes an empty list as ``{}``)."""
+    return [(str(name), tuple(classes or ())) for name, classes in json.loads(encoded)]

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from kernel.errors import ReinsError
 from kernel.settings import Settings
 from kernel.states import LifecycleState
+from router import fleet_config
 from router.boot import AdmitterKind, RouterOptions, RouterParts, load_gate_config
 from router.chores import (
     HELD_APPROVALS_EVERY_S,
@@ -33,10 +34,14 @@ from router.chores import (
     reconcile_claims,
 )
 from router.dispatch import Sender
+from router.fleet_config import ConfigSource
 from router.health import Beat, HealthServer, live_within_s, serve_probes
+from router.live_config import Applied, LiveConfig
 from router.observe import RouterObserver
 from router.owed import OwedRuns
 from router.reconcile import Reconciler
+from router.redis_admitter import RedisAdmitter
+from router.redis_gates import RedisGates
 from router.stranded import StrandedTurns
 from router.submit import RouterApi
 from router.sweeps import IndexCursor, ReadySweep
@@ -94,8 +99,23 @@ class RouterService:
         self.beat = Beat("the router loop")
         self.ticked = Beat("a successful tick")
         self.dispatcher = self.admission.dispatcher(self.store)
-        tenants = tuple(t.name for t in self.config.tenants)
+        source = ConfigSource(self.client, settings.key_prefix, refresh_s=0)
+        self.live = LiveConfig(
+            None if options.tenants_file else source,
+            Applied(self.admission.version, self.config, self.gate_config),
+            self._reconfigure,
+            gates_override=load_gate_config(options.gates_file) if options.gates_file else None,
+        )
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
+        self.swept: tuple[str, ...] = ()
+        self._sweeps(tuple(t.name for t in self.config.tenants))
+
+    def _sweeps(self, tenants: tuple[str, ...]) -> None:
+        """The parts that walk every tenant's trajectories (sweeps, ticks, owed runs, the
+        fleet report), over ``tenants``: built at boot, and again when a configuration adds
+        a tenant (a retired one stays: what it still runs is swept to the end)."""
+        settings = self.settings
+        self.swept = tenants
         self.report = FleetReport(self.membership, tenants)
         api = self.api()
         self.stranded = StrandedTurns.over(
@@ -128,7 +148,7 @@ class RouterService:
             self.membership,
             self.custody,
             ring=lambda: self.replica.ring,
-            by=options.name,
+            by=self.name,
             backstop=self.stranded,
             owed=self.owed,
         )
@@ -160,6 +180,7 @@ class RouterService:
         stranded turns; the lease or the claims' reconciler; the admission figures gathered
         since the last tick."""
         self.dispatcher.flush()
+        self.live.tick()
         self.replica.refresh()
         self.feed.drain_legacy(self.options.batch)
         self.send_on_handbacks()
@@ -177,6 +198,33 @@ class RouterService:
             self._hold_lease()
         if self.observing:
             self.observe(self.observer)
+
+    def _reconfigure(self, new: Applied) -> None:
+        """Admit by ``new`` from now on (:mod:`router.live_config`)."""
+        admission = self.admission
+        admission.config, admission.gate_config, admission.version = (
+            new.admission,
+            new.gates,
+            new.version,
+        )
+        self.config, self.gate_config = new.admission, new.gates
+        self.agents.allowed = partial(fleet_config.listed_anywhere, new.admission)
+        self.observer.on_config(new.admission)
+        added = tuple(t.name for t in new.admission.tenants if t.name not in self.swept)
+        if added:
+            self._sweeps(self.swept + added)
+        d = self.dispatcher
+        if isinstance(d.admitter, RedisAdmitter):
+            if isinstance(d.gates, RedisGates) and new.gates is not None:
+                d.gates.config = new.gates
+                d.gates.configure()
+            d.gate_config = new.gates
+            d.admitter.reconfigure(new.admission, new.version)
+        elif self.admitting:  # a local admitter: rebuilt over the new version, refilled
+            d.flush()
+            self.dispatcher = admission.dispatcher(self.store)
+            tenants = (t.name for t in new.admission.tenants)
+            rebuild_queues(self.store, tenants, self.agents, self.dispatcher)
 
     def observe(self, observer: RouterObserver) -> None:
         """Tell ``observer`` the membership and, while this router admits, the admitter's

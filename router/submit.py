@@ -164,6 +164,7 @@ class RouterApi:
             agent=job.agent,
             budget=budget,
             now=now,
+            service_class=job.service_class,
         )
         rec.episodes = self._recall_episodes(rec, agent.profile.memory) or None
         route = self._route(route_of(agent.profile.model.provider, agent.profile.model.name))
@@ -191,7 +192,7 @@ class RouterApi:
             raise SubmissionRefused(
                 f"trajectory {rec.trajectory_id} already exists in tenant {tenant!r}"
             ) from None
-        self._queue(rec, route, job.service_class)
+        self._queue(rec, route)
         return Submitted(
             tenant, rec.trajectory_id, rec.record_version, tokens, allowance, route or ""
         )
@@ -215,7 +216,7 @@ class RouterApi:
         cfg = self.gate_config
         return route if cfg is not None and route in cfg.routes else None
 
-    def _queue(self, rec: TrajectoryRecord, route: str | None, service_class: str | None) -> None:
+    def _queue(self, rec: TrajectoryRecord, route: str | None) -> None:
         """Put a READY record in its tenant's queue (the shared admitter, or the feed)."""
         if self.admitter is None:
             self.feed.push(ready_notice(rec, "", self.clock(), route or ""))
@@ -227,7 +228,7 @@ class RouterApi:
                 rec.trajectory_id,
                 input_tokens=tokens,
                 output_allowance=allowance,
-                service_class=service_class,
+                service_class=rec.service_class,
                 route=route,
             )
         except SubmissionRefused as exc:  # already queued: nothing to do
@@ -327,7 +328,7 @@ class RouterApi:
         if rec.state is not LifecycleState.READY:
             raise InvalidInput(f"{rec.trajectory_id} is {rec.state.value}, not READY")
         model = self.agents.get(rec.agent)[0].profile.model
-        self._queue(rec, self._route(route_of(model.provider, model.name)), None)
+        self._queue(rec, self._route(route_of(model.provider, model.name)))
 
     def _carry_out(self, result: StepResult) -> None:
         rec, now = result.record, self.clock()

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from kernel.errors import ConfigError, SubmissionRefused, UnknownTenant
+from kernel.errors import ConfigError
 
 #: Name of the one implicit service class of a tenant that declares none.
 DEFAULT_CLASS = "default"
@@ -202,28 +202,3 @@ def _where(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
         parts.append(str(key))
         node = node.get(key) if isinstance(node, Mapping) else None
     return ".".join(parts) or "(document)"
-
-
-class LaneIndex:
-    """Tenant and service-class names to an admitter's lane and class numbers."""
-
-    def __init__(self, config: AdmissionConfig) -> None:
-        self.config = config
-        self.lane_of = {t.name: i for i, t in enumerate(config.tenants)}
-        self.class_of = [{c: k for k, c in enumerate(t.class_names)} for t in config.tenants]
-
-    def resolve(self, tenant: str, service_class: str | None) -> tuple[int, int, TenantConfig]:
-        """(lane, class, tenant config), or a refusal naming the unknown tenant or class."""
-        lane = self.lane_of.get(tenant)
-        if lane is None:
-            raise UnknownTenant(
-                f"tenant {tenant!r} is not configured; known: {', '.join(self.lane_of)}"
-            )
-        classes = self.class_of[lane]
-        klass = 0 if service_class is None else classes.get(service_class)
-        if klass is None:
-            raise SubmissionRefused(
-                f"tenant {tenant!r} has no service class {service_class!r}; "
-                f"known: {', '.join(classes)}"
-            )
-        return lane, klass, self.config.tenants[lane]

@@ -22,6 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import redis
@@ -48,6 +49,7 @@ from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
+from worker.tool_gates import ToolGates, lease_ttl_s
 from worker.turn import TurnObserver, TurnRunner
 
 log = logging.getLogger("reins.worker")
@@ -131,6 +133,7 @@ class FleetWorker:
             leases=self.leases,
             follow_on=self._follow_on(gates, custody, observer),
             max_call_s=settings.max_turn_s,
+            tool_gates=ToolGates(gates, self.leases, partial(lease_ttl_s, source)),
         )
         self._stop = threading.Event()
         self._handing_back = threading.Event()  # the drain grace ran out: give turns back

@@ -29,7 +29,7 @@ from kernel.step import step
 from router.claims import Claim
 from router.commits import commit
 from router.custody import Custody
-from router.feed import Feed, Notice, TurnMessage, worker_commands
+from router.feed import Feed, Notice, TurnMessage, admission_entry, worker_commands
 from router.observe import AdmissionObserver
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
@@ -250,13 +250,12 @@ class FollowOn:
 
     def _entry(self, claim: Claim, now: float) -> dict[str, Any]:
         """The admission's entry in the figures, as a router's dispatcher writes it."""
-        depths = list(claim.depths)
-        if depths:
-            depths[claim.lane] += 1  # the claimed call was READY in its queue until now
-        return {
-            "t": claim.call.tenant,
-            "c": claim.call.charge,
-            "b": bool(depths) and all(d > 0 for d in depths),
-            "r": self.worker,
-            "at": now,
-        }
+        call = claim.call
+        return admission_entry(
+            call.tenant,
+            call.service_class,
+            call.charge,
+            by=self.worker,
+            at=now,
+            backlogged=claim.backlogged,
+        )

@@ -33,11 +33,16 @@ class LeaseKeeper:
         self.renewed = 0
         self.lost = 0
 
-    def hold(self, route: str, lease: str, ttl_s: float) -> None:
-        """A turn under ``lease`` started; renew it every ``ttl_s / 3`` until dropped."""
+    def hold(self, route: str, lease: str, ttl_s: float) -> bool:
+        """A turn under ``lease`` started; renew it every ``ttl_s / 3`` until dropped. False
+        when a turn of this process holds it already (a duplicate message): only that turn
+        may drop or settle it."""
         if lease and route and ttl_s > 0:
             with self._lock:
+                if lease in self._held:
+                    return False
                 self._held[lease] = (route, ttl_s, self.clock() + ttl_s / 3)
+        return True
 
     def drop(self, lease: str) -> None:
         """The turn under ``lease`` ended (or went to another member): stop renewing it."""

@@ -49,8 +49,9 @@ from worker.fleet_agents import TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
+from worker.tool_gates import ToolGates
 from worker.turn_checks import HandBackInstead, Ignored, Opening
-from worker.turn_commands import CommandCarrier
+from worker.turn_commands import CommandCarrier, Metered
 from worker.turn_ending import NO_USAGE, TurnEnding
 
 log = logging.getLogger("reins.worker.turn")
@@ -126,6 +127,7 @@ class _Ended:
     kind: NoticeKind
     reason: str
     used_tokens: int
+    metered: Metered | None = None  # the last model reply's meter (its quota feedback)
 
 
 class _OnPart(Generic[T]):
@@ -172,10 +174,11 @@ class TurnRunner:
         leases: LeaseKeeper | None = None,
         follow_on: FollowOn | None = None,
         max_call_s: float = float("inf"),
+        tool_gates: ToolGates | None = None,
     ) -> None:
         inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
         self._carrier = CommandCarrier(
-            tools, inflight, listener, clock, max_call_s, on_recall=self._on_recall
+            tools, inflight, listener, clock, max_call_s, tool_gates, on_recall=self._on_recall
         )
         self._ending = TurnEnding(feed, worker, custody, leases)
         self.store = store
@@ -234,7 +237,7 @@ class TurnRunner:
             self.turns += 1
             if msg.admitted_at > 0:
                 self._delays_ms.append(max(started - msg.admitted_at, 0.0) * 1000.0)
-        self._ending.keep_lease(msg)
+        holder = self._ending.keep_lease(msg)
         nxt: _FollowOn | None = None
         try:
             with self.observer.tracer.turn(msg, self.worker):
@@ -250,7 +253,11 @@ class TurnRunner:
                 why,
             )
             report = TurnReport(NoticeKind.IDLE, f"ignored: {why}", 0, msg.version)
-            self._ending.notify(msg, _idle(msg))
+            # An ignored message ran nothing: its lease is settled by the turn that holds it
+            # (or lapses with a holder that died), never by this notice.
+            if holder:
+                self._ending.let_go(msg)
+            self._ending.notify(msg, _idle(msg), holder=False)
         except HandBackInstead as back:
             log.warning(
                 "handed back turn of %s/%s (v%d) on %s: %s",
@@ -265,7 +272,7 @@ class TurnRunner:
         except Exception:  # a bug or an unreachable store: the record stays for recovery
             log.exception("turn of %s/%s failed on %s", msg.tenant, msg.trajectory_id, self.worker)
             report = TurnReport(NoticeKind.IDLE, "failed", 0, msg.version)
-            self._ending.notify(msg, _idle(msg))
+            self._ending.notify(msg, _idle(msg), holder=holder)
         finally:
             with self._lock:
                 self.active -= 1
@@ -288,7 +295,7 @@ class TurnRunner:
             notice = Notice(
                 end.kind, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id
             )
-            self._ending.notify(msg, notice, end.used_tokens)
+            self._ending.notify(msg, notice, end.used_tokens, end.metered)
             return report, None
         return report, self._hand_over(msg, end, turn.ctx, task_began)
 
@@ -326,6 +333,7 @@ class TurnRunner:
         """Carry out the queued commands, committing each outcome before what it asks for."""
         rec, todo, ctx = turn.rec, turn.todo, turn.ctx
         ended, reason, used = NoticeKind.IDLE, "nothing left to do", NO_USAGE
+        last: Metered | None = None
         while todo:
             cmd = todo.popleft()
             ending = _ending_of(cmd, rec)
@@ -336,9 +344,11 @@ class TurnRunner:
                 self.inflight.cancel(cmd.call_id)
                 self.feed.publish_cancel(rec.tenant, rec.trajectory_id, cmd.call_id)
                 continue
-            event, tokens = self._carrier.carry_out(rec, cmd)
-            if tokens is not None:
-                used = tokens
+            event, metered = self._carrier.carry_out(rec, cmd)
+            if metered is not None:
+                last = metered
+                if metered.used_tokens is not None:
+                    used = metered.used_tokens
             rec, result = self._commit(rec, event, ctx)
             if result is None:
                 ended, reason = NoticeKind.IDLE, "the kernel refused an outcome (logged)"
@@ -346,7 +356,7 @@ class TurnRunner:
             if result.quarantined is not None:
                 log.info("%s: reply quarantined (%s)", rec.trajectory_id, result.quarantined.why)
             todo.extend(result.commands)
-        return _Ended(rec, ended, reason, used)
+        return _Ended(rec, ended, reason, used, last)
 
     def _hand_over(
         self, msg: TurnMessage, end: _Ended, ctx: KernelContext, task_began: float
@@ -356,8 +366,9 @@ class TurnRunner:
         rec, used = end.rec, end.used_tokens
         notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
         follow_on = self.follow_on
-        if follow_on is None or not follow_on.may_follow_on(msg, task_began):
-            self._ending.notify(msg, notice, used)
+        quota_news = end.metered is not None and end.metered.feedback  # for a router's gates
+        if follow_on is None or quota_news or not follow_on.may_follow_on(msg, task_began):
+            self._ending.notify(msg, notice, used, end.metered)
             return None
         self._ending.let_go(msg)
         try:

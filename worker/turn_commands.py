@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 
 from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect, ToolResulted
 from kernel.record import TrajectoryRecord
@@ -18,8 +20,24 @@ from worker.backend import dispatch
 from worker.fleet_agents import TurnTools
 from worker.memory_tools import MemoryBackend
 from worker.providers.base import InflightCalls
+from worker.tool_gates import NoCapacity, ToolGates
 
 log = logging.getLogger("reins.worker.turn")
+
+
+@dataclass(frozen=True, slots=True)
+class Metered:
+    """What a model call's reply says beyond its event: the tokens it used (None: no
+    evidence) and what it said about the provider's quota, for the gates."""
+
+    used_tokens: int | None
+    retry_after_s: float | None = None
+    rate_limits: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def feedback(self) -> bool:
+        """True when the reply said anything about the provider's quota."""
+        return self.retry_after_s is not None or bool(self.rate_limits)
 
 
 class CommandCarrier:
@@ -36,21 +54,23 @@ class CommandCarrier:
         listener: CancelListener | None,
         clock: Callable[[], float],
         max_call_s: float = float("inf"),
+        tool_gates: ToolGates | None = None,
         on_recall: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.tools, self.inflight, self.listener, self.clock = tools, inflight, listener, clock
         self.max_call_s = max_call_s
+        self.tool_gates = tool_gates  # None: no tool's capacity is gated here
         self.on_recall = on_recall  # told whether each recall_facts found anything
 
-    def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, int | None]:
-        """Do what ``cmd`` asks; its event, and the model tokens it used (None: no evidence)."""
+    def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, Metered | None]:
+        """Do what ``cmd`` asks; its event, and for a model call what its reply metered."""
         if isinstance(cmd, CallModel):
             return self.call_model(rec, cmd)
         if isinstance(cmd, DispatchTool | LookupEffect):
             return self.call_tool(rec, cmd), None
         raise TypeError(f"not a command a worker carries out: {cmd!r}")  # pragma: no cover
 
-    def call_model(self, rec: TrajectoryRecord, cmd: CallModel) -> tuple[Event, int | None]:
+    def call_model(self, rec: TrajectoryRecord, cmd: CallModel) -> tuple[Event, Metered]:
         """One model call, cancelable through its in-flight token while it runs."""
         token = self.inflight.open(cmd.call_id)
         try:
@@ -65,7 +85,17 @@ class CommandCarrier:
         if reply.usage is not None:
             u = reply.usage
             used = u.uncached_input + u.cached_input + u.output
-        return reply.replied(cmd.call_id, self.clock()), used
+        metered = Metered(used, reply.retry_after_s, reply.rate_limits)
+        return reply.replied(cmd.call_id, self.clock()), metered
+
+    def _capacity(self, cmd: DispatchTool | LookupEffect) -> AbstractContextManager[None]:
+        """The tool's fleet-wide capacity, held while a dispatch runs (a lookup needs none)."""
+        if self.tool_gates is None or not isinstance(cmd, DispatchTool):
+            return nullcontext()
+        # Queueing for a slot is bounded like any call (REINS_MAX_TURN_S): the routers' sweeps
+        # count on a turn's version moving at least that often.
+        within = self.max_call_s if self.max_call_s < float("inf") else cmd.timeout_s
+        return self.tool_gates.held(cmd.tool, cmd.attempt_id, within)
 
     def remember_episode(self, rec: TrajectoryRecord) -> None:
         """Write the episode of ``rec``, which a turn ended, if its agent keeps episodes."""
@@ -86,7 +116,11 @@ class CommandCarrier:
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
             cmd = cmd.model_copy(update={"timeout_s": self.max_call_s})
         try:
-            result, secs = dispatch(backend, rec.user, cmd)
+            with self._capacity(cmd):
+                result, secs = dispatch(backend, rec.user, cmd)
+        except NoCapacity as exc:  # the backend was never called: nothing happened
+            log.info("%s: tool %s not called: %s", rec.trajectory_id, cmd.tool, exc)
+            result, secs = {"status": "error", "code": "no_capacity"}, 0.0
         except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
             log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
             result, secs = {"status": "unknown", "code": "backend_error"}, 0.0

@@ -19,6 +19,7 @@ from dataclasses import replace
 from router.custody import Custody
 from router.feed import Feed, HandBack, HandBackWhy, Notice, TurnMessage
 from worker.leases import LeaseKeeper
+from worker.turn_commands import Metered
 
 log = logging.getLogger("reins.worker.turn")
 NO_USAGE = -1  # Notice.used_tokens when the turn saw no usage
@@ -42,24 +43,50 @@ class TurnEnding:
         self._kept: deque[tuple[TurnMessage, Notice]] = deque(maxlen=KEEP_AT_MOST)
         self._lock = threading.Lock()
 
-    def keep_lease(self, msg: TurnMessage) -> None:
-        """The turn under ``msg`` started: keep its gate lease alive until it ends."""
+    def keep_lease(self, msg: TurnMessage) -> bool:
+        """The turn under ``msg`` started: keep its gate lease alive until it ends. False when
+        another turn of this process holds the lease (``msg`` is a duplicate)."""
         if self.leases is not None:
-            self.leases.hold(msg.route, msg.lease, msg.lease_ttl_s)
+            return self.leases.hold(msg.route, msg.lease, msg.lease_ttl_s)
+        return True
 
     def let_go(self, msg: TurnMessage) -> None:
         """Stop renewing the turn's gate lease (its notice or its next holder settles it)."""
         if self.leases is not None and msg.lease:
             self.leases.drop(msg.lease)
 
-    def notify(self, msg: TurnMessage, notice: Notice, used_tokens: int = NO_USAGE) -> None:
-        """Push the turn's one notice, carrying the gate lease back to the router, and release
-        the custody entry in the same round trip."""
+    def notify(
+        self,
+        msg: TurnMessage,
+        notice: Notice,
+        used_tokens: int = NO_USAGE,
+        metered: Metered | None = None,
+        *,
+        holder: bool = True,
+    ) -> None:
+        """Push the turn's one notice, carrying the gate lease and what the last reply said of
+        the provider's quota back to the router, and release the custody entry in the same
+        round trip. Not the lease's ``holder`` (a duplicate message, which ran nothing): the
+        notice carries no lease, so the turn that holds it is the only one to settle it."""
+        if not holder:
+            self._push_or_keep(msg, notice)
+            return
         self.let_go(msg)  # the router settles the lease on the notice: renew it no more
         if msg.lease or used_tokens >= 0:
             notice = replace(
                 notice, lease=msg.lease, lease_route=msg.route, used_tokens=used_tokens
             )
+        if metered is not None and metered.feedback and msg.route:
+            retry = -1.0 if metered.retry_after_s is None else max(metered.retry_after_s, 0.0)
+            notice = replace(
+                notice,
+                lease_route=msg.route,
+                retry_after_s=retry,
+                rate_limits=dict(metered.rate_limits),
+            )
+        self._push_or_keep(msg, notice)
+
+    def _push_or_keep(self, msg: TurnMessage, notice: Notice) -> None:
         if not self._push(msg, notice):
             with self._lock:
                 self._kept.append((msg, notice))

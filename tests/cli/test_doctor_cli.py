@@ -20,7 +20,7 @@ from router.streams import FIELD
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.redis
-POISON = b'["ready", "acme", "t-9", 4, "", 1, 1, 0.0, "", "", "", -1, "a field of a newer build"]'
+POISON = b'["ready", "acme", "t-9", 4, "", 1, 1, 0.0, "", "", "", -1, "", -1.0, {}, "newer"]'
 
 
 @pytest.fixture

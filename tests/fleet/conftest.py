@@ -71,7 +71,11 @@ def local_fleet(
     fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> Iterator[LocalFleet]:
     """Worker and router processes this test starts; every one is ended at teardown."""
-    fleet = LocalFleet(fleet_env, tmp_path, redis_client)
+    yield from _processes(fleet_env, tmp_path, redis_client)
+
+
+def _processes(env: dict[str, str], tmp_path: Path, client: redis.Redis) -> Iterator[LocalFleet]:
+    fleet = LocalFleet(env, tmp_path, client)
     try:
         yield fleet
     finally:
@@ -85,3 +89,17 @@ def inproc(
     """A router and a turn runner in this process, on the real Redis, without Celery."""
     fleet = InProcessFleet(redis_client, key_prefix, tenants_file)
     yield fleet
+
+
+@pytest.fixture
+def document_env(fleet_env: dict[str, str]) -> dict[str, str]:
+    """The fleet's settings without a tenants file: every process reads the document."""
+    return {k: v for k, v in fleet_env.items() if k != "REINS_TENANTS_FILE"}
+
+
+@pytest.fixture
+def document_fleet(
+    document_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> Iterator[LocalFleet]:
+    """As ``local_fleet``, for processes that read the fleet's document."""
+    yield from _processes(document_env, tmp_path, redis_client)

@@ -6,11 +6,12 @@ write out), behind :class:`PacedBackend`: each write waits :data:`WRITE_PACE_S` 
 thread before it reaches the store, as a write crossing a slow network would. While it waits it
 is listed, with its fence, under ``P:paced:<pid>`` (a hash: idempotency key -> fence), so a test
 sees which writes a worker process has in flight; each lookup answered is listed, with its fence,
-under ``P:paced:looked``.
+under ``P:paced:looked``; every paced write's span, under ``P:paced:spans``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -29,6 +30,11 @@ WRITE_PACE_S = 2.5
 def in_flight_key(prefix: str, pid: int) -> str:
     """The hash of the writes process ``pid`` has in flight (idempotency key -> fence)."""
     return f"{prefix}:paced:{pid}"
+
+
+def spans_key(prefix: str) -> str:
+    """The list of every paced write's [tool, start, end] (epoch seconds), as JSON."""
+    return f"{prefix}:paced:spans"
 
 
 def looked_up_key(prefix: str) -> str:
@@ -50,6 +56,7 @@ class PacedBackend:
         self.inner, self.writes, self.client, self.pace_s = inner, writes, client, pace_s
         self.listed = in_flight_key(prefix, os.getpid())
         self.looked = looked_up_key(prefix)
+        self.spans = spans_key(prefix)
 
     def call(
         self,
@@ -65,11 +72,13 @@ class PacedBackend:
         if tool not in self.writes:
             return self.inner.call(user, tool, args, key, timeout_s, approval, fence=fence)
         self.client.hset(self.listed, key, fence)
+        began = time.time()
         try:
             time.sleep(self.pace_s)
             return self.inner.call(user, tool, args, key, timeout_s, approval, fence=fence)
         finally:
             self.client.hdel(self.listed, key)
+            self.client.rpush(self.spans, json.dumps([tool, began, time.time()]))
 
     def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
         answer = self.inner.lookup(tool, key, fence=fence)

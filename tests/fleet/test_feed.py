@@ -134,7 +134,7 @@ def test_the_lag_counts_what_no_router_took_and_what_none_acknowledged(
 
 # --- poison --------------------------------------------------------------------------------------
 
-NEWER = json.dumps(["ready", "acme", "t-new", 3, "", 10, 10, 0.0, "", "", "", -1, "shape"])
+NEWER = json.dumps(["ready", "acme", "t-new", 3, "", 10, 10, 0.0, "", "", "", -1, "", "shape"])
 POISON = [b"not json at all", b'["ready", "acme"]', NEWER.encode(), b'["ready",1,2,"3"]']
 
 

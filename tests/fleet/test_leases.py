@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from router.feed import TurnMessage
 from router.gates import GateConfig
 from router.redis_gates import RedisGates
 from tests.fleet.conftest import ROUTE
@@ -27,6 +28,17 @@ def gates_at(client: redis.Redis, prefix: str, clock: ManualClock) -> RedisGates
     gates = RedisGates(client, config, prefix=prefix, clock=clock)
     gates.configure()
     return gates
+
+
+def first_turn(
+    client: redis.Redis, prefix: str, tenants_file: Path, gates_file: Path, order: int
+) -> tuple[InProcessFleet, TurnMessage]:
+    """An in-process fleet with one refund submitted and admitted: its first turn's message."""
+    fleet = InProcessFleet(client, prefix, tenants_file, gates_file=str(gates_file))
+    fleet.api.submit("acme", refund_job(seed_orders(client, prefix, order, 1)[0]))
+    fleet.cycle()
+    (msg,) = fleet.take()
+    return fleet, msg
 
 
 def test_a_renewed_lease_outlives_its_ttl_and_an_unrenewed_one_lapses(
@@ -67,11 +79,7 @@ def test_a_lease_the_gate_no_longer_holds_is_let_go(
 def test_a_turn_message_carries_its_lease_ttl_and_the_worker_lets_go_when_it_ends(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
-    fleet = InProcessFleet(redis_client, key_prefix, tenants_file, gates_file=str(gates_file))
-    oid = seed_orders(redis_client, key_prefix, 1100, 1)[0]
-    fleet.api.submit("acme", refund_job(oid))
-    fleet.cycle()
-    (msg,) = fleet.take()
+    fleet, msg = first_turn(redis_client, key_prefix, tenants_file, gates_file, 1100)
     assert msg.lease and msg.route == ROUTE and msg.lease_ttl_s == 20.0  # conftest's gates
 
     held: list[list[str]] = []
@@ -90,3 +98,32 @@ def test_a_turn_message_carries_its_lease_ttl_and_the_worker_lets_go_when_it_end
     assert len(held) == 3 and all(len(leases) == 1 for leases in held), "held while it ran"
     assert len({leases[0] for leases in held}) == 3, "each turn's own lease"
     assert keeper.held() == [], "let go once each notice went to the router"
+
+
+def test_a_duplicate_message_leaves_the_running_turns_lease_alone(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
+) -> None:
+    fleet, first = first_turn(redis_client, key_prefix, tenants_file, gates_file, 1200)
+    fleet.runner.run(first)  # the plan: a model call alone
+    fleet.cycle()
+    (msg,) = fleet.take()  # its turn calls a tool too
+    keeper = LeaseKeeper(RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix))
+    fleet.runner.leases = keeper
+    reading = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix).reading
+    seen: list[tuple[str, list[str], int]] = []
+    real_call = fleet.backend.call
+
+    def call(*args: object, **kw: object) -> object:  # the turn is on: its message comes again
+        if not seen:
+            report = fleet.runner.run(msg)
+            fleet.cycle()  # a router takes the duplicate's IDLE notice
+            seen.append((report.reason, keeper.held(), reading(ROUTE).leases))
+        return real_call(*args, **kw)  # type: ignore[arg-type]
+
+    fleet.backend.call = call  # type: ignore[method-assign,assignment]
+    fleet.runner.run(msg)
+    ((reason, held, leases),) = seen
+    assert reason.startswith("ignored"), reason
+    assert held == [msg.lease], "the running turn still renews its lease"
+    assert leases == 1, "and the gate still counts it: the duplicate settled nothing"
+    assert keeper.held() == [], "the turn that held it let go when it ended"

@@ -30,7 +30,7 @@ from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from worker.turn import TurnRunner
 
 pytestmark = pytest.mark.redis
-CURRENT, NEXT = b'{"schema_version":3,', b'{"schema_version":4,'
+CURRENT, NEXT = b'{"schema_version":4,', b'{"schema_version":5,'
 
 
 class NextBuildStore(RedisStore):

@@ -3,11 +3,16 @@ anything malformed is refused as bad input."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
+from kernel.budget import Budget
 from kernel.errors import InvalidInput
 from kernel.events import CallModel, DispatchTool
-from router.feed import Notice, NoticeKind, TurnMessage
+from router.feed import Notice, NoticeKind, TurnMessage, ready_notice
+from tests.kernel.harness import new_record
 
 CALL = CallModel(call_id="t/m1", attempt_id="t/m1/a1", view="{}", max_output_tokens=9, timeout_s=3)
 TOOL = DispatchTool(
@@ -26,7 +31,35 @@ def test_a_notice_round_trips() -> None:
     assert Notice.decode(Notice(NoticeKind.IDLE, "a", "t", 1).encode()).kind is NoticeKind.IDLE
 
 
-@pytest.mark.parametrize("raw", [b"{}", b"[]", b'["nope", "a", "t", 1]', b"not json"])
+def test_a_ready_notice_carries_its_records_class_and_an_unset_one_stays_off_the_wire() -> None:
+    rec = new_record(Budget(max_steps=5))
+    rec.service_class = "maintenance"
+    notice = ready_notice(rec, "", 1.0, "p/m")
+    back = Notice.decode(notice.encode())
+    assert back.service_class == "maintenance"
+    assert back.returning("p/m")[4] == "maintenance", "the requeue names the record's class"
+    rec.service_class = None
+    plain = ready_notice(rec, "", 1.0)
+    assert len(json.loads(plain.encode())) == 12, "what routers of the build before read"
+    assert Notice.decode(plain.encode()).returning(None)[4] is None
+
+
+def test_a_notice_carries_the_replys_quota_feedback_and_only_when_there_is_some() -> None:
+    limits = {"x-ratelimit-remaining-requests": "0", "retry-after-ms": "800"}
+    notice = Notice(NoticeKind.READY, "a", "t", 3, lease_route="p/m", rate_limits=limits)
+    said = Notice.decode(replace(notice, retry_after_s=0.8).encode())
+    assert said.feedback and said.retry_after_s == 0.8 and said.rate_limits == limits
+    assert said.service_class == "", "the fields before are written as placeholders"
+    assert not Notice.decode(replace(notice, rate_limits={}).encode()).feedback
+    assert len(json.loads(replace(notice, rate_limits={}).encode())) == 12
+
+
+HEADERS_NOT_TEXT = b'["ready","a","t",1,"",0,1,0.0,"","","",-1,"",-1.0,{"x-ratelimit-limit":1}]'
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{}", b"[]", b'["nope", "a", "t", 1]', b"not json", HEADERS_NOT_TEXT]
+)
 def test_a_malformed_notice_is_refused(raw: bytes) -> None:
     with pytest.raises(InvalidInput, match="malformed notice"):
         Notice.decode(raw)

@@ -17,6 +17,7 @@ import json
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,6 +65,42 @@ class Seen:
 Script = Callable[[dict[str, Any], int], Reply]
 
 
+@dataclass
+class RateLimit:
+    """A provider's request quota in fixed windows: past ``requests`` in a window, a request is
+    refused with 429 and ``retry-after-ms`` (the time to the window's end); an answered one
+    says what is left (``x-ratelimit-remaining-requests``, ``x-ratelimit-reset-requests``)
+    unless ``quiet``. ``log`` keeps each request's (window, refused, the request) in order."""
+
+    requests: int
+    window_s: float
+    quiet: bool = False
+    started: float = field(default_factory=time.monotonic)
+    log: list[tuple[int, bool, dict[str, Any]]] = field(default_factory=list)
+    _used: dict[int, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, request: dict[str, Any]) -> tuple[bool, dict[str, str]]:
+        """Count one request: (answered, the rate-limit headers of its answer)."""
+        with self._lock:
+            since = time.monotonic() - self.started
+            window = int(since // self.window_s)
+            reset = (window + 1) * self.window_s - since
+            used = self._used.get(window, 0)
+            refused = used >= self.requests
+            self.log.append((window, refused, request))
+            if refused:
+                return False, {"retry-after-ms": str(int(reset * 1000) + 1)}
+            self._used[window] = used + 1
+        if self.quiet:
+            return True, {}
+        return True, {
+            "x-ratelimit-limit-requests": str(self.requests),
+            "x-ratelimit-remaining-requests": str(self.requests - used - 1),
+            "x-ratelimit-reset-requests": f"{reset:.3f}s",
+        }
+
+
 def token_pieces(text: str) -> list[str]:
     """Cut text into streamed tokens of TOKEN_CHARS characters."""
     return [text[i : i + TOKEN_CHARS] for i in range(0, len(text), TOKEN_CHARS)]
@@ -89,11 +126,12 @@ def deltas(reply: Reply) -> list[dict[str, Any]]:
 class FakeOpenAI:
     """The server; use as a context manager, or ``start()`` and ``stop()``."""
 
-    def __init__(self, script: Script | Sequence[Reply]) -> None:
+    def __init__(self, script: Script | Sequence[Reply], limit: RateLimit | None = None) -> None:
         if not callable(script):
             replies = list(script)
             script = lambda request, i: replies[min(i, len(replies)) - 1]  # noqa: E731
         self.script: Script = script
+        self.limit = limit
         self.seen: list[Seen] = []
         self.errors: list[BaseException] = []
         self._lock = threading.Lock()
@@ -172,6 +210,15 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if self.path != "/v1/chat/completions":
                 self._whole(404, {"error": {"message": f"no route {self.path}"}}, {})
+            elif fake.limit is not None:
+                answered, headers = fake.limit.take(request)
+                if not answered:
+                    limited = {"error": {"message": "rate limited", "type": "requests"}}
+                    self._whole(429, limited, headers)
+                else:
+                    reply = fake.script(request, n)
+                    reply.headers.update(headers)
+                    self._answer(reply, request, seen)
             else:
                 self._answer(fake.script(request, n), request, seen)
         except (BrokenPipeError, ConnectionResetError):
