@@ -49,7 +49,7 @@ from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
-from worker.tool_gates import ToolGates, lease_ttl_s
+from worker.tool_gates import ToolGates, gated_route, lease_ttl_s
 from worker.turn import TurnObserver, TurnRunner
 
 log = logging.getLogger("reins.worker")
@@ -133,7 +133,12 @@ class FleetWorker:
             leases=self.leases,
             follow_on=self._follow_on(gates, custody, observer),
             max_call_s=settings.max_turn_s,
-            tool_gates=ToolGates(gates, self.leases, partial(lease_ttl_s, source)),
+            tool_gates=ToolGates(
+                gates,
+                self.leases,
+                partial(lease_ttl_s, source),
+                gated=partial(gated_route, source),
+            ),
         )
         self._stop = threading.Event()
         self._handing_back = threading.Event()  # the drain grace ran out: give turns back

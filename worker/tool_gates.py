@@ -47,6 +47,14 @@ def lease_ttl_s(source: ConfigSource, route: str) -> float:
     return (limits or ProviderLimits()).lease_ttl_s
 
 
+def gated_route(source: ConfigSource, route: str) -> bool:
+    """Whether the fleet's document names ``route`` among its gates: only such a tool's calls
+    ask the shared gates, so a tool without one costs no Redis round trip (the document is
+    read from the source's cache, refreshed at most every few seconds)."""
+    fleet = source.peek()
+    return fleet is not None and fleet.gates is not None and route in fleet.gates.routes
+
+
 def tool_route(tool: str) -> str:
     """The gate route of ``tool``'s capacity."""
     return TOOL_ROUTE_PREFIX + tool
@@ -61,10 +69,11 @@ class ToolGates:
         leases: LeaseKeeper,
         ttl_of: Callable[[str], float],
         *,
+        gated: Callable[[str], bool] = lambda route: True,
         clock: Callable[[], float] = time.monotonic,
         pause: Callable[[float], object] = time.sleep,
     ) -> None:
-        self.gates, self.leases, self.ttl_of = gates, leases, ttl_of
+        self.gates, self.leases, self.ttl_of, self.gated = gates, leases, ttl_of, gated
         self.clock, self.pause = clock, pause
 
     @contextmanager
@@ -72,6 +81,9 @@ class ToolGates:
         """Hold ``tool``'s gate lease for the ``with`` block; raise :class:`NoCapacity` if no
         room came within ``within_s`` (nothing held then). A tool without a gate: no lease."""
         route = tool_route(tool)
+        if not self.gated(route):  # no gate declared: no lease, no round trip
+            yield
+            return
         reading = self._debit(route, lease, self.clock() + within_s)
         if reading is None:
             yield

@@ -56,3 +56,34 @@ def test_a_tool_without_a_gate_runs_at_once_without_a_lease() -> None:
     tool = ToolGates(gates_of(clock), keeper, lambda route: 3.0, clock=clock, pause=clock.advance)
     with tool.held("send_status_email", "a3", within_s=0):
         assert keeper.held() == []
+
+
+class CountingGates(MemoryGates):
+    """The in-memory gates, counting what the worker asks of them."""
+
+    def __init__(self, config: GateConfig, clock: ManualClock) -> None:
+        super().__init__(config, clock)
+        self.asked = 0
+
+    def debit(self, route: str, lease_id: str, tokens: int):  # type: ignore[no-untyped-def]
+        self.asked += 1
+        return super().debit(route, lease_id, tokens)
+
+
+def test_a_tool_the_document_does_not_gate_asks_the_gates_nothing() -> None:
+    """The worker reads from the fleet's document which tools are gated: a call of any other
+    tool costs no round trip to the shared gates (the turn's hot path)."""
+    clock = ManualClock(100.0)
+    config = GateConfig.from_mapping({"routes": {ROUTE: {"concurrency": 1, "lease_ttl_s": 3}}})
+    gates = CountingGates(config, clock)
+    keeper = LeaseKeeper(gates, clock)
+    declared = {ROUTE}
+    tool = ToolGates(
+        gates, keeper, lambda r: 3.0, gated=declared.__contains__, clock=clock, pause=clock.advance
+    )
+    with tool.held("send_status_email", "a4", within_s=0):
+        assert keeper.held() == []
+    assert gates.asked == 0
+    with tool.held("issue_refund", "a5", within_s=1):
+        assert keeper.held() == ["a5"]
+    assert gates.asked == 1
