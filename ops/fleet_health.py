@@ -17,8 +17,9 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from kernel.chain import ChainRow, RowKind
-from router.feed import FeedSource, HandBackWhy
+from router.feed import FeedSource
 from router.streams import GroupLag
+from router.turn_message import HandBackWhy
 from store.redis_client import REDIS_ERRORS
 
 #: The states a stranded turn is recovered from (the kernel's recovery rows say which).

@@ -38,9 +38,9 @@ from kernel.context import StepResult
 from kernel.errors import ConfigError
 from kernel.record import TrajectoryRecord
 from kernel.trace import call_attributes
-from router.feed import TurnMessage
 from router.observe import CommitObserver
 from router.tracing import Tracer, root_span_id_of, trace_id_of
+from router.turn_message import TurnMessage
 
 log = logging.getLogger("reins.tracing")
 CONTENT_VAR = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"

@@ -26,9 +26,10 @@ from router.boot import Outbox
 from router.claims import store_readiness
 from router.dispatch import Dispatcher, placement_key
 from router.fairness import FairnessFigures
-from router.feed import Feed, HandBackWhy, ready_notice, route_of
+from router.feed import Feed, ready_notice, route_of
 from router.membership import Membership, ReplicaRing
 from router.observe import RouterObserver
+from router.turn_message import HandBackWhy
 from store.base import TrajectoryStore
 
 log = logging.getLogger("reins.router")

@@ -28,7 +28,7 @@ import redis
 from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
 from kernel.states import ACTING
-from router.feed import TurnMessage
+from router.turn_message import TurnMessage
 from store.redis_client import Batch, direct_batch, retry_transient, script_reply, text
 
 log = logging.getLogger("reins.router.custody")

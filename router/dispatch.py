@@ -34,11 +34,12 @@ from router.admitter import FinalizeNow
 from router.agents import AgentCache
 from router.commits import commit
 from router.drr import Nomination, ReadyCall
-from router.feed import Feed, Notice, NoticeKind, TurnMessage, admission_entry, worker_commands
+from router.feed import Feed, Notice, NoticeKind, admission_entry
 from router.feedback import feedback_from
 from router.gates import GateConfig, GateReading, ProviderGates
 from router.observe import AdmissionObserver, provider_of
 from router.ring import Ring
+from router.turn_message import TurnMessage, worker_commands
 from store.base import TrajectoryStore
 
 log = logging.getLogger("reins.router.dispatch")

@@ -44,7 +44,6 @@ from typing import Any, TypeVar, cast
 import redis
 
 from kernel.errors import InvalidInput
-from kernel.events import CallModel, Command, DispatchTool, LookupEffect
 from kernel.record import TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
 from router.streams import (
@@ -57,15 +56,11 @@ from router.streams import (
     execute,
     group_lag,
 )
+from router.turn_message import (  # the worker's half of the wire, named here as before
+    HandBack,
+)
 from store.redis_client import Batch, direct_batch
 
-_COMMANDS: dict[str, type[CallModel | DispatchTool | LookupEffect]] = {
-    "call_model": CallModel,
-    "dispatch_tool": DispatchTool,
-    "lookup_effect": LookupEffect,
-}
-#: Commands a turn message may carry: the ones a worker carries out against the world.
-WorkerCommand = CallModel | DispatchTool | LookupEffect
 log = logging.getLogger("reins.router.feed")
 _V = TypeVar("_V")
 STATS_CAP = 200_000  # the most entries the admissions and starts lists keep
@@ -235,147 +230,6 @@ def admission_entry(
     """An admission as the figures keep it (:meth:`Feed.record_admissions`): tenant, class,
     charge, whether every configured tenant had READY work, who admitted it and when."""
     return {"t": tenant, "k": service_class, "c": charge, "b": backlogged, "r": by, "at": at}
-
-
-@dataclass(frozen=True, slots=True)
-class TurnMessage:
-    """What a router sends a worker: advance one trajectory by one turn.
-
-    ``version`` and ``epoch`` are the record's at the commit that registered the commands; a
-    worker that finds the record elsewhere ignores the message (a redelivery, or a control
-    request that came first). ``commands`` are the kernel's, as committed: usually one
-    ``CallModel``; after an approval, the ``DispatchTool`` it admitted.
-    """
-
-    tenant: str
-    trajectory_id: str
-    version: int
-    epoch: int
-    commands: tuple[WorkerCommand, ...]
-    admitted_at: float
-    sent_by: str = ""
-    lease: str = ""  # the gate lease taken at admission, handed back in the turn's notice
-    route: str = ""
-    refused_by: tuple[str, ...] = ()  # members that handed it back unable to read the record
-    lease_ttl_s: float = 0.0  # the gate lease lapses unless renewed this often (0: no lease)
-    follow_on: int = 0  # turns the worker may admit after this one itself (worker.follow_on)
-    trace: str = ""  # the admission span's W3C traceparent ("": not traced; router.tracing)
-
-    @classmethod
-    def of(
-        cls,
-        rec: TrajectoryRecord,
-        commands: tuple[WorkerCommand, ...],
-        admitted_at: float,
-        **rest: Any,
-    ) -> TurnMessage:
-        """The message of ``rec``'s turn, at the version and epoch its commands were committed
-        at; ``rest``: the other fields (sender, lease, route, ...)."""
-        return cls(
-            tenant=rec.tenant,
-            trajectory_id=rec.trajectory_id,
-            version=rec.record_version,
-            epoch=rec.control_epoch,
-            commands=commands,
-            admitted_at=admitted_at,
-            **rest,
-        )
-
-    @property
-    def call_id(self) -> str:
-        """The model call this turn carries out ("" when it carries none)."""
-        for cmd in self.commands:
-            if isinstance(cmd, CallModel):
-                return cmd.call_id
-        return ""
-
-    def to_payload(self) -> dict[str, Any]:
-        """The JSON-ready task argument."""
-        return {
-            "tenant": self.tenant,
-            "trajectory_id": self.trajectory_id,
-            "version": self.version,
-            "epoch": self.epoch,
-            "commands": [c.model_dump(mode="json") for c in self.commands],
-            "admitted_at": self.admitted_at,
-            "sent_by": self.sent_by,
-            "lease": self.lease,
-            "route": self.route,
-            "refused_by": list(self.refused_by),
-            "lease_ttl_s": self.lease_ttl_s,
-            "follow_on": self.follow_on,
-            "trace": self.trace,
-        }
-
-    @classmethod
-    def from_payload(cls, payload: Any) -> TurnMessage:
-        """Parse a task argument; raise :class:`InvalidInput` for anything malformed."""
-        try:
-            commands = tuple(
-                _COMMANDS[c["type"]].model_validate(c) for c in payload.get("commands", ())
-            )
-            return cls(
-                tenant=str(payload["tenant"]),
-                trajectory_id=str(payload["trajectory_id"]),
-                version=int(payload["version"]),
-                epoch=int(payload["epoch"]),
-                commands=commands,
-                admitted_at=float(payload.get("admitted_at", 0.0)),
-                sent_by=str(payload.get("sent_by", "")),
-                lease=str(payload.get("lease", "")),
-                route=str(payload.get("route", "")),
-                refused_by=tuple(str(m) for m in payload.get("refused_by", ())),
-                lease_ttl_s=float(payload.get("lease_ttl_s", 0.0)),
-                follow_on=_not_negative("follow_on", int(payload.get("follow_on", 0))),
-                trace=str(payload.get("trace", "")),
-            )
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise InvalidInput(f"malformed turn message: {exc}") from None
-
-
-def _not_negative(name: str, value: int) -> int:
-    if value < 0:
-        raise ValueError(f"{name} must not be negative, got {value}")
-    return value
-
-
-class HandBackWhy(StrEnum):
-    """Why a member gave a turn message back without starting it."""
-
-    DRAINING = "draining"  # its drain grace ran out before it could start the turn
-    SCHEMA = "schema"  # it cannot read the record (written by a newer build)
-
-
-@dataclass(frozen=True, slots=True)
-class HandBack:
-    """A turn message a member gave back unstarted; a router sends it on to another member
-    under the same call ids (nothing of it was carried out)."""
-
-    member: str
-    why: HandBackWhy
-    message: TurnMessage
-
-    def encode(self) -> bytes:
-        body = {"member": self.member, "why": self.why.value, "message": self.message.to_payload()}
-        return json.dumps(body, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes | str) -> HandBack:
-        """Parse a stored hand-back; raise :class:`InvalidInput` for anything malformed."""
-        try:
-            body = json.loads(raw)
-            return cls(
-                str(body["member"]),
-                HandBackWhy(body["why"]),
-                TurnMessage.from_payload(body["message"]),
-            )
-        except (ValueError, TypeError, KeyError) as exc:
-            raise InvalidInput(f"malformed hand-back: {exc}") from None
-
-
-def worker_commands(commands: Sequence[Command]) -> tuple[WorkerCommand, ...]:
-    """The commands of a step that a worker must carry out, in order."""
-    return tuple(c for c in commands if isinstance(c, CallModel | DispatchTool | LookupEffect))
 
 
 class FeedSource(StrEnum):

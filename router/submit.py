@@ -50,11 +50,12 @@ from router.admitter import Admitter
 from router.agents import AgentCache
 from router.commits import advance
 from router.dispatch import Sender, placement_key
-from router.feed import Feed, TurnMessage, ready_notice, route_of, worker_commands
+from router.feed import Feed, ready_notice, route_of
 from router.gates import GateConfig
 from router.observe import CommitObserver
 from router.ring import Ring
 from router.tenants import AdmissionConfig
+from router.turn_message import TurnMessage, worker_commands
 from store.base import TrajectoryStore
 from store.memory_base import MemoryBank
 

@@ -24,7 +24,7 @@ import xxhash
 from kernel.chain import ChainRow
 from kernel.context import StepResult
 from kernel.record import TrajectoryRecord
-from router.feed import TurnMessage
+from router.turn_message import TurnMessage
 
 
 def trace_id_of(tenant: str, trajectory_id: str) -> int:

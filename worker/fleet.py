@@ -35,12 +35,13 @@ from kernel.tools import ToolBackend
 from router.agents import AgentCache
 from router.broker import broker_keyprefix, queue_figures, queue_for, take_queued_turns
 from router.custody import Custody
-from router.feed import CancelListener, Feed, HandBackWhy, TurnMessage
+from router.feed import CancelListener, Feed
 from router.fleet_config import ConfigSource, importable
 from router.gates import GateConfig
 from router.health import Beat, HealthServer, live_within_s, serve_probes
 from router.membership import Membership, Progress
 from router.redis_gates import RedisGates
+from router.turn_message import HandBackWhy, TurnMessage
 from store.memory_redis import RedisMemory
 from store.redis_client import client_for
 from worker.allowed import AllowListedStore

@@ -29,11 +29,12 @@ from kernel.step import step
 from router.claims import Claim
 from router.commits import commit
 from router.custody import Custody
-from router.feed import Feed, Notice, TurnMessage, admission_entry, worker_commands
+from router.feed import Feed, Notice, admission_entry
 from router.observe import AdmissionObserver
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
+from router.turn_message import TurnMessage, worker_commands
 from store.base import prepare_commit
 from store.redis_client import direct_batch
 from store.redis_store import RedisStore

@@ -33,16 +33,9 @@ from kernel.events import (
 from kernel.record import TrajectoryRecord
 from router.commits import advance
 from router.custody import Custody
-from router.feed import (
-    CancelListener,
-    Feed,
-    HandBackWhy,
-    Notice,
-    NoticeKind,
-    TurnMessage,
-    ready_notice,
-)
+from router.feed import CancelListener, Feed, Notice, NoticeKind, ready_notice
 from router.observe import AdmissionObserver, provider_of
+from router.turn_message import HandBackWhy, TurnMessage
 from store.base import TrajectoryStore
 from worker import turn_checks as checks
 from worker.fleet_agents import TurnTools

@@ -17,7 +17,8 @@ from collections import deque
 from dataclasses import replace
 
 from router.custody import Custody
-from router.feed import Feed, HandBack, HandBackWhy, Notice, TurnMessage
+from router.feed import Feed, Notice
+from router.turn_message import HandBack, HandBackWhy, TurnMessage
 from worker.leases import LeaseKeeper
 from worker.turn_commands import Metered
 

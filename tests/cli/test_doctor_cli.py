@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 
 from kernel.events import CallModel
 from ops import cli_doctor
-from router.feed import Feed, HandBack, HandBackWhy, Notice, NoticeKind, TurnMessage
+from router.feed import Feed, Notice, NoticeKind
 from router.streams import FIELD
+from router.turn_message import HandBack, HandBackWhy, TurnMessage
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.redis

@@ -21,12 +21,12 @@ from kernel.settings import Settings
 from kernel.tools import ToolBackend
 from router.agents import AgentCache
 from router.custody import Custody
-from router.feed import TurnMessage
 from router.gates import GateConfig
 from router.membership import Membership
 from router.observe import RouterObserver
 from router.redis_gates import RedisGates
 from router.service import AdmitterKind, RouterOptions, RouterService
+from router.turn_message import TurnMessage
 from tests.conftest import REDIS_URL
 from worker.fleet_agents import ModelOverrides, TurnTools
 from worker.follow_on import FollowOn

@@ -19,10 +19,11 @@ import redis
 from kernel.errors import StoreUnavailable
 from kernel.states import StopReason
 from ops.metrics import Metrics
-from router.feed import Feed, HandBack, HandBackWhy, Notice, NoticeKind, ready_notice
+from router.feed import Feed, Notice, NoticeKind, ready_notice
 from router.membership import Membership
 from router.service import AdmitterKind, RouterOptions, RouterService
 from router.streams import FIELD, GROUP, GroupLag, dead_letters, pending_counts
+from router.turn_message import HandBack, HandBackWhy
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 
 pytestmark = pytest.mark.redis

@@ -24,8 +24,8 @@ from kernel.states import LifecycleState
 from ops.fleet_local import LocalFleet
 from router.broker import make_app, send_turn
 from router.dispatch import placement_key
-from router.feed import TurnMessage
 from router.membership import Membership
+from router.turn_message import TurnMessage
 from store.redis_store import RedisStore
 from tests.fleet.harness import refund_job, seed_orders
 from tests.fleet.processes import caller_api, start, stop_all

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from router.feed import TurnMessage
 from router.gates import GateConfig
 from router.redis_gates import RedisGates
+from router.turn_message import TurnMessage
 from tests.fleet.conftest import ROUTE
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.support import ManualClock

@@ -20,9 +20,10 @@ from kernel.errors import StoreUnavailable
 from kernel.record import OpStatus
 from kernel.states import LifecycleState, StopReason
 from router.custody import Custody
-from router.feed import Feed, Notice, TurnMessage
+from router.feed import Feed, Notice
 from router.membership import Membership
 from router.reconcile import Reconciler
+from router.turn_message import TurnMessage
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from worker.turn import TurnRunner
 

@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from router.custody import Custody
-from router.feed import Feed, Notice, NoticeKind, TurnMessage
+from router.feed import Feed, Notice, NoticeKind
+from router.turn_message import TurnMessage
 from worker.turn_ending import TurnEnding
 
 pytestmark = pytest.mark.redis

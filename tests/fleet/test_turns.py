@@ -18,8 +18,9 @@ import pytest
 from kernel.events import CallModel, DispatchTool, ReplyStatus
 from kernel.record import OpKind, OpStatus
 from kernel.states import LifecycleState, StopReason
-from router.feed import CancelListener, NoticeKind, TurnMessage
+from router.feed import CancelListener, NoticeKind
 from router.stranded import StrandedTurns
+from router.turn_message import TurnMessage
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.support import ManualClock
 from worker.models import ModelReply

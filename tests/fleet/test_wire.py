@@ -11,7 +11,8 @@ import pytest
 from kernel.budget import Budget
 from kernel.errors import InvalidInput
 from kernel.events import CallModel, DispatchTool
-from router.feed import Notice, NoticeKind, TurnMessage, ready_notice
+from router.feed import Notice, NoticeKind, ready_notice
+from router.turn_message import TurnMessage
 from tests.kernel.harness import new_record
 
 CALL = CallModel(call_id="t/m1", attempt_id="t/m1/a1", view="{}", max_output_tokens=9, timeout_s=3)

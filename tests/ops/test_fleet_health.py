@@ -12,8 +12,8 @@ import redis
 from kernel.chain import ChainRow, RowKind
 from kernel.errors import StoreUnavailable
 from ops.metrics import Metrics
-from router.feed import HandBackWhy
 from router.streams import GroupLag
+from router.turn_message import HandBackWhy
 from store.redis_client import REDIS_ERRORS, retry_transient
 
 

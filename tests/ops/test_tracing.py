@@ -16,8 +16,8 @@ from kernel.errors import ConfigError
 from kernel.events import CallModel
 from kernel.record import TrajectoryRecord
 from ops.tracing import CONTENT_VAR, OtelTracer, TraceSettings, otel_tracer, traced
-from router.feed import TurnMessage
 from router.tracing import NO_TRACER, root_span_id_of, trace_id_of
+from router.turn_message import TurnMessage
 
 ENDPOINT = "http://127.0.0.1:4318"
 
