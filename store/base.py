@@ -14,6 +14,7 @@ import abc
 import builtins
 import itertools
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from enum import IntEnum, StrEnum
@@ -35,6 +36,7 @@ from kernel.record import TrajectoryRecord
 from kernel.states import TERMINAL, LifecycleState
 
 JsonObject = dict[str, Any]
+log = logging.getLogger("reins.store")
 
 
 class Commit(NamedTuple):
@@ -173,6 +175,16 @@ def settle(commit: Commit, outcome: Outcome, found: int) -> int:
         raise SnapshotExists(tid, found)
     if found == 0:
         raise SnapshotNotFound(f"trajectory {tid} not found in tenant {commit.tenant}")
+    if found < commit.expected_version:  # versions only grow: the store lost commits
+        log.error(
+            "trajectory %s of tenant %s is stored at version %d, below the version %d its "
+            "writer saw committed: the store lost acknowledged writes (a Redis failover to a "
+            "replica behind its primary, or a restart without the AOF); the sweeps recover it",
+            tid,
+            commit.tenant,
+            found,
+            commit.expected_version,
+        )
     raise ConcurrentModification(tid, commit.expected_version, found)
 
 

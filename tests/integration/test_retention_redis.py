@@ -3,82 +3,71 @@ cut off between them leaves, and a commit that lands inside a retire's window.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 
 from kernel.record import TrajectoryRecord
 from router.retention import RetentionSweep
 from store.base import Retirement
-from store.redis_client import client_from_url
 from store.redis_store import STATE_CODES, RedisStore
-from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version
 from tests.contract.test_retention_contract import KEEP_S, NOW, finish
 
 pytestmark = pytest.mark.redis
 
 
-@pytest.fixture
-def store(key_prefix: str) -> Iterator[RedisStore]:
-    made = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
-    yield made
-    made.close()
-
-
-def _indexed(client: redis.Redis, store: RedisStore, tid: str) -> list[float]:
-    snap_key = store.trajectory_keys("acme", tid)[0]
-    scores = [client.zscore(key, snap_key) for key in store.index_keys("acme")]
+def _indexed(client: redis.Redis, redis_store: RedisStore, tid: str) -> list[float]:
+    snap_key = redis_store.trajectory_keys("acme", tid)[0]
+    scores = [client.zscore(key, snap_key) for key in redis_store.index_keys("acme")]
     return [s for s in scores if s is not None]
 
 
 def test_a_retire_cut_off_after_its_first_call_is_finished_by_the_next_sweep(
-    store: RedisStore, redis_client: redis.Redis
+    redis_store: RedisStore, redis_client: redis.Redis
 ) -> None:
-    rec = finish(store, "t1", at=0.0)
-    snap_key, chain_key = store.trajectory_keys("acme", "t1")
+    rec = finish(redis_store, "t1", at=0.0)
+    snap_key, chain_key = redis_store.trajectory_keys("acme", "t1")
     # the first call alone, as a router that died before the second would leave it
-    assert store._retire(keys=[snap_key, chain_key], args=[rec.record_version])[0] == 1
+    assert redis_store._retire(keys=[snap_key, chain_key], args=[rec.record_version])[0] == 1
     assert redis_client.exists(snap_key, chain_key) == 0
-    assert _indexed(redis_client, store, "t1") == [STATE_CODES[rec.state]]
-    assert store.list("acme") == ["t1"], "listed, though there is nothing to load"
-    sweep = RetentionSweep(store, ("acme",), lambda t: KEEP_S, lambda: NOW, every_s=0)
+    assert _indexed(redis_client, redis_store, "t1") == [STATE_CODES[rec.state]]
+    assert redis_store.list("acme") == ["t1"], "listed, though there is nothing to load"
+    sweep = RetentionSweep(redis_store, ("acme",), lambda t: KEEP_S, lambda: NOW, every_s=0)
     assert sweep.sweep() == [], "nothing was retired by this pass"
-    assert _indexed(redis_client, store, "t1") == [] and store.list("acme") == []
+    assert _indexed(redis_client, redis_store, "t1") == [] and redis_store.list("acme") == []
 
 
 def test_an_id_created_again_keeps_its_entry_when_an_old_retire_finishes(
-    store: RedisStore, redis_client: redis.Redis
+    redis_store: RedisStore, redis_client: redis.Redis
 ) -> None:
-    rec = finish(store, "t1", at=0.0)
-    snap_key, chain_key = store.trajectory_keys("acme", "t1")
-    store._retire(keys=[snap_key, chain_key], args=[rec.record_version])
-    store.create(make_record("t1"))  # a job that names its id submits it again
-    store._drop_entry("acme", "t1", snap_key)  # the cut-off retire's second call, late
-    assert _indexed(redis_client, store, "t1") == [STATE_CODES[make_record().state]]
-    assert store.list("acme") == ["t1"]
+    rec = finish(redis_store, "t1", at=0.0)
+    snap_key, chain_key = redis_store.trajectory_keys("acme", "t1")
+    redis_store._retire(keys=[snap_key, chain_key], args=[rec.record_version])
+    redis_store.create(make_record("t1"))  # a job that names its id submits it again
+    redis_store._drop_entry("acme", "t1", snap_key)  # the cut-off retire's second call, late
+    assert _indexed(redis_client, redis_store, "t1") == [STATE_CODES[make_record().state]]
+    assert redis_store.list("acme") == ["t1"]
 
 
 def test_a_commit_inside_the_retire_window_wins(
-    store: RedisStore, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    redis_store: RedisStore, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The commit lands after retire read the record and before its script runs: the script
     compares the version and deletes nothing."""
-    seen = finish(store, "t1", at=0.0)
-    load = store.load
+    seen = finish(redis_store, "t1", at=0.0)
+    load = redis_store.load
     won: list[TrajectoryRecord] = []
 
     def load_then_commit(tenant: str, tid: str) -> TrajectoryRecord:
         found = load(tenant, tid)
         if not won:
             won.append(next_version(found))
-            store.compare_and_set(won[0], found.record_version)
+            redis_store.compare_and_set(won[0], found.record_version)
         return found
 
-    monkeypatch.setattr(store, "load", load_then_commit)
-    assert store.retire("acme", "t1", seen.record_version) is Retirement.CHANGED
+    monkeypatch.setattr(redis_store, "load", load_then_commit)
+    assert redis_store.retire("acme", "t1", seen.record_version) is Retirement.CHANGED
     monkeypatch.undo()
-    assert store.load("acme", "t1") == won[0]
-    assert len(store.read("acme", "t1")) == 3
-    assert _indexed(redis_client, store, "t1") == [STATE_CODES[seen.state]]
+    assert redis_store.load("acme", "t1") == won[0]
+    assert len(redis_store.read("acme", "t1")) == 3
+    assert _indexed(redis_client, redis_store, "t1") == [STATE_CODES[seen.state]]
