@@ -364,13 +364,19 @@ class RedisStore(TrajectoryStore):
         return Retirement.RETIRED if outcome > 0 else Retirement.GONE
 
     def _drop_entry(self, tenant: str, trajectory_id: str, snap_key: str) -> None:
-        """Remove the ended trajectory's index entry (unindex.lua): the second call of a
-        retire."""
-        index_key = self.index_key_for(tenant, trajectory_id)
-        self._retrying(
-            f"removing trajectory {trajectory_id} from the index",
-            lambda: self._unindex(keys=[index_key], args=[snap_key]),
-        )
+        """The second call of a retire: the ended trajectory's index entry (unindex.lua) and
+        any owing entry, in one pipeline of two commands (each on its own key, no MULTI). A
+        retired run owed nothing, so the owing entry is there only if a commit's owing write
+        was ever cut off from the commit: it names a trajectory that is gone."""
+        index_key, owing_key = self.index_key_for(tenant, trajectory_id), self.owing_key(tenant)
+
+        def drop() -> None:
+            pipe = self._client.pipeline(transaction=False)
+            self._unindex(keys=[index_key], args=[snap_key], client=pipe)
+            pipe.zrem(owing_key, trajectory_id)
+            pipe.execute()
+
+        self._retrying(f"removing trajectory {trajectory_id} from the index", drop)
 
     def rebuild_index(self, tenant: str) -> int:
         """Rebuild the tenant's state index from its snapshots; return how many it lists.

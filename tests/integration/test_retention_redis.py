@@ -71,3 +71,14 @@ def test_a_commit_inside_the_retire_window_wins(
     assert redis_store.load("acme", "t1") == won[0]
     assert len(redis_store.read("acme", "t1")) == 3
     assert _indexed(redis_client, redis_store, "t1") == [STATE_CODES[seen.state]]
+
+
+def test_a_stale_owing_entry_goes_with_the_trajectory(
+    redis_store: RedisStore, redis_client: redis.Redis
+) -> None:
+    """An owing entry for a run that owes nothing (its owing write cut off from its commit, as
+    a store that writes it apart could leave) names a trajectory retire deletes: it goes too."""
+    rec = finish(redis_store, "t1", at=0.0)
+    redis_client.zadd(redis_store.owing_key("acme"), {"t1": 0})
+    assert redis_store.retire("acme", "t1", rec.record_version) is Retirement.RETIRED
+    assert redis_store.owing("acme") == []
