@@ -45,6 +45,10 @@ class Settings(BaseModel):
         description="an ended run's open calls are reconciled this long after a router first "
         "sees it owing, and again as often while it still owes (unset: REINS_MAX_TURN_S)",
     )
+    redis_cluster: bool = Field(
+        False,
+        description="the store's Redis is a Redis Cluster (implied by a redis+cluster:// URL)",
+    )
     redis_retry_attempts: int = Field(5, ge=1, le=50)
     redis_connect_timeout_s: float = Field(2.0, gt=0, description="connecting to any Redis")
     redis_timeout_s: float = Field(

@@ -1,0 +1,95 @@
+"""The cluster harness and the cluster client: a three-master cluster of the session's own,
+and a client from its URL that reaches every master."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from kernel.errors import ConfigError
+from kernel.settings import Settings
+from store.redis_client import (
+    client_for,
+    client_from_url,
+    direct_batch,
+    direct_command,
+    is_cluster,
+)
+
+pytestmark = pytest.mark.redis
+
+
+def _key_on_each_master(client: RedisCluster, prefix: str) -> dict[str, str]:
+    """A key of ``prefix`` served by each master, by the master's ``host:port``."""
+    found: dict[str, str] = {}
+    n = 0
+    while len(found) < len(client.get_primaries()) and n < 10_000:
+        key = f"{prefix}:k{n}"
+        node = client.get_node_from_key(key)
+        found.setdefault(node.name, key)
+        n += 1
+    return found
+
+
+def test_a_client_from_the_url_round_trips_a_key_on_each_master(
+    redis_cluster_url: str, cluster_key_prefix: str
+) -> None:
+    assert redis_cluster_url.startswith("redis+cluster://127.0.0.1:")
+    client = client_from_url(redis_cluster_url, connect_timeout_s=2, timeout_s=2)
+    assert is_cluster(client) and isinstance(client, RedisCluster)
+    masters = client.get_primaries()
+    assert len(masters) == 3
+    keys = _key_on_each_master(client, cluster_key_prefix)
+    assert sorted(keys) == sorted(node.name for node in masters)
+    for name, key in keys.items():
+        client.set(key, name)
+        assert client.get(key) == name.encode()
+        host, port = name.rsplit(":", 1)
+        with redis.Redis(host=host, port=int(port)) as direct:  # stored on that master alone
+            assert direct.get(key) == name.encode()
+    client.close()
+
+
+def test_the_fast_paths_fall_back_to_the_cluster_client(
+    redis_cluster: redis.Redis, cluster_key_prefix: str
+) -> None:
+    execute = direct_command(redis_cluster)
+    keys = list(_key_on_each_master(redis_cluster, cluster_key_prefix).values())  # type: ignore[arg-type]
+    for key in keys:
+        assert execute("SET", key, "x") in (True, b"OK")
+        assert execute("GET", key) == b"x"
+    batch = direct_batch(redis_cluster)  # keys of three slots on three nodes, replies in order
+    for n, key in enumerate(keys):
+        batch.execute_command("HSET", f"{key}:h", "f", n)
+        batch.rpush(f"{key}:l", "a", "b")
+    assert batch.execute() == [1, 2] * len(keys)
+
+
+def test_the_cluster_setting_makes_a_plain_url_a_cluster_client(redis_cluster_url: str) -> None:
+    first = redis_cluster_url.removeprefix("redis+cluster://").split(",")[0]
+    settings = Settings.from_env(
+        {"REINS_REDIS_URL": f"redis://{first}", "REINS_REDIS_CLUSTER": "1"}
+    )
+    client = client_for(settings)
+    assert is_cluster(client) and len(client.get_primaries()) == 3  # type: ignore[attr-defined]
+    client.close()
+    broker = client_for(settings, broker=True)  # the broker's Redis is never the cluster
+    assert not is_cluster(broker)
+    broker.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+cluster://127.0.0.1:notaport", "port 'notaport' of 127.0.0.1 is not a number"),
+        ("redis+cluster://127.0.0.1:7000/3", "database 0 only"),
+        ("redis+sentinel://127.0.0.1:26379", "redis+sentinel://host:port"),
+        ("redis+sentinel://127.0.0.1:26379/mymaster/x", "database 'x' is not a number"),
+        ("redis+cluster://:7000", "':7000' is not host:port"),
+    ],
+)
+def test_a_bad_url_is_refused_naming_the_setting(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match="REINS_REDIS_URL") as caught:
+        client_from_url(url)
+    assert message in str(caught.value)
