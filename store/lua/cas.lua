@@ -1,14 +1,15 @@
 #!lua
 -- cas.lua: compare-and-set one trajectory's snapshot, append its execution-chain rows, record
 -- the commit id and move the trajectory in its tenant's state index; all in one round trip.
+-- Every key has the tag {P:T:#b} of the trajectory's bucket (store/redis_keys.py): one slot.
 --
--- KEYS[1]  {P:T:I}:snap   hash  v (version), s (state code), data (the record's JSON),
---                               and c<version> -> commit id for every committed version
--- KEYS[2]  {P:T:I}:chain  list  chain rows (JSON); element n is chain index n
--- KEYS[3]  {P:T}:index    zset  member: a trajectory's snapshot key (KEYS[1]);
---                               score: its state code, so a state is one score range
--- KEYS[4]  {P:T}:owing    zset  member: the trajectory id of an ended run that still owes a
---                               settlement (score 0: read in id order)
+-- KEYS[1]  {P:T:#b}:snap:I   hash  v (version), s (state code), data (the record's JSON),
+--                                  and c<version> -> commit id for every committed version
+-- KEYS[2]  {P:T:#b}:chain:I  list  chain rows (JSON); element n is chain index n
+-- KEYS[3]  {P:T:#b}:index    zset  member: a trajectory id of the bucket;
+--                                  score: its state code, so a state is one score range
+-- KEYS[4]  {P:T:#b}:owing    zset  member: the trajectory id of an ended run that still owes
+--                                  a settlement (score 0: read in id order)
 --
 -- ARGV[1]  expected version (0 = create: the snapshot must not exist)
 -- ARGV[2]  new version
@@ -49,7 +50,7 @@ if with_rows then
 end
 
 if stored[2] ~= ARGV[3] then
-  redis.call('ZADD', KEYS[3], ARGV[3], KEYS[1])
+  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[6])
 end
 if ARGV[7] == '1' then
   redis.call('ZADD', KEYS[4], 0, ARGV[6])
