@@ -185,8 +185,10 @@ class RedisStore(TrajectoryStore):
         ``before``: commands the server runs first (idempotent ones: they are sent again with
         a commit that must be sent again). A worker that admits a turn itself writes its
         holding this way (:mod:`worker.follow_on`): it is in place before the admission is. On
-        one node they share the commit's round trip; on a cluster their keys are in other
-        slots, so each is sent, and answered, before the commit is."""
+        one node they share the commit's round trip (an error reply of one is raised, though
+        the commit after it ran); on a cluster their keys are in other slots, so each is sent,
+        and answered, before the commit is (an error reply of one is raised, and no commit is
+        sent)."""
         if not self._layout_checked:
             self.check_layout()
         snap_key, chain_key, index_key, owing_key = commit_keys(
