@@ -55,6 +55,7 @@ from store.redis_client import (
     text,
 )
 from store.redis_keys import (
+    COMMITS_KEPT,
     bucket_of,
     commit_keys,
     enc,
@@ -206,6 +207,7 @@ class RedisStore(TrajectoryStore):
             commit.commit_id,
             commit.trajectory_id,
             1 if commit.owes else 0,
+            COMMITS_KEPT,
         )
         if commit.rows:
             call = (*call, commit.first_row, *commit.rows)
@@ -366,7 +368,8 @@ class RedisStore(TrajectoryStore):
         return [tid for tid, _ in zip(merged, range(limit), strict=False)]
 
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
-        """The commit id stored for ``version``, or None."""
+        """The commit id stored for ``version``, or None; only the last
+        :data:`~store.redis_keys.COMMITS_KEPT` versions keep theirs (cas.lua trims the rest)."""
         snap_key = self.trajectory_keys(tenant, trajectory_id)[0]
         stored = self._read(
             f"reading commits of trajectory {trajectory_id}",

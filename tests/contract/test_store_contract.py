@@ -32,6 +32,7 @@ from kernel.states import LifecycleState
 from store.base import TrajectoryStore, prepare_commit
 from store.memory import MemoryStore
 from store.redis_client import client_from_url
+from store.redis_keys import COMMITS_KEPT
 from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
 from tests.conftest import REDIS_URL
@@ -527,4 +528,37 @@ def test_commands_before_a_commit_are_in_place_before_it(backend: Backend) -> No
         store.apply(prepare_commit(v3, 2), before=wrong)
     if backend.name == "redis-cluster":  # answered before the commit was sent: none was
         assert store.load("acme", "t1") == v2 and store.list("acme", LifecycleState.READY) == []
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("redis", marks=pytest.mark.redis), "redis-cluster"],
+    indirect=True,
+)
+def test_commit_ids_are_trimmed_to_the_last_few_and_a_recent_repeat_is_still_seen(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    assert isinstance(store, RedisStore)
+    client = client_from_url(backend.url)
+    snap_key = store.trajectory_keys("acme", "t1")[0]
+    rec = make_record()
+    store.create(rec, commit_id="c-1")
+    commits = {}
+    for version in range(2, 31):
+        nxt = next_version(rec)
+        commits[version] = prepare_commit(nxt, rec.record_version, commit_id=f"c-{version}")
+        assert store.apply(commits[version]) == version
+        rec = nxt
+        assert client.hlen(snap_key) == 3 + min(version, COMMITS_KEPT), version  # v, s, data
+    assert [store.committed("acme", "t1", v) for v in range(1, 31)] == [None] * (
+        30 - COMMITS_KEPT
+    ) + [f"c-{v}" for v in range(31 - COMMITS_KEPT, 31)]
+    for version in (30, 31 - COMMITS_KEPT):  # a resend of a commit whose reply was lost
+        assert store.apply(commits[version]) == version
+    assert store.load("acme", "t1") == rec and client.hlen(snap_key) == 3 + COMMITS_KEPT
+    jumped = next_version(rec, step=70)  # a version may jump: no id below 100 - kept is left
+    store.compare_and_set(jumped, 30, commit_id="c-100")
+    assert sorted(client.hkeys(snap_key)) == [b"c100", b"data", b"s", b"v"]
     client.close()
