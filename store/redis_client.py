@@ -186,6 +186,8 @@ def client_from_url(
     scheme = parts.scheme.lower()
     try:
         if scheme in SENTINEL_SCHEMES:
+            if cluster:
+                raise ConfigError(f"{setting}: a Sentinel URL with REINS_REDIS_CLUSTER set")
             return _sentinel_master(parts, common, setting)
         if scheme in CLUSTER_SCHEMES or cluster:
             if scheme in CLUSTER_SCHEMES:
