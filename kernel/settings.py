@@ -52,6 +52,10 @@ class Settings(BaseModel):
         "this long after its last chain row; a tenant's retention_days in the fleet's "
         "configuration overrides it",
     )
+    redis_cluster: bool = Field(
+        False,
+        description="the store's Redis is a Redis Cluster (implied by a redis+cluster:// URL)",
+    )
     redis_retry_attempts: int = Field(5, ge=1, le=50)
     redis_connect_timeout_s: float = Field(2.0, gt=0, description="connecting to any Redis")
     redis_timeout_s: float = Field(

@@ -25,12 +25,16 @@ def bench_cmd(
     name: str = typer.Argument(..., help="benchmark: " + ", ".join(benchmarks.BENCHMARKS)),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     quick: bool = typer.Option(False, "--quick", help="a smaller run, for a smoke test"),
+    cluster: bool = typer.Option(
+        False, "--cluster", help="store: on a three-master Redis Cluster the bench starts"
+    ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
+    options = benchmarks.options(name, run, cluster=cluster)
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
-        result = run(quick=quick)
+        result = run(quick=quick, **options)
     if as_json:
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         return
@@ -53,10 +57,11 @@ def _register_subcommands() -> None:
     cli_fleet.register(app)
     cli_run.register(app)
     cli_trace.register(app)
-    from ops import cli_limits, cli_memory, cli_retention, cli_ring
+    from ops import cli_limits, cli_memory, cli_retention, cli_ring, cli_store
 
     app.add_typer(cli_ring.ring_app, name="ring")
     app.add_typer(cli_memory.memory_app, name="memory")
+    app.add_typer(cli_store.store_app, name="store")
     cli_limits.register(app)
     cli_retention.register(app)
 

@@ -71,9 +71,9 @@ def _redis(prefix: str) -> Backend:
     def leftovers(tenant: str, tid: str) -> list[str]:
         snap_key, chain_key = store.trajectory_keys(tenant, tid)
         found = [key for key in (snap_key, chain_key) if client.exists(key)]
-        found += [k for k in store.index_keys(tenant) if client.zscore(k, snap_key) is not None]
-        owing = store.owing_key(tenant)
-        return found + ([owing] if client.zscore(owing, tid) is not None else [])
+        found += [k for k in store.index_keys(tenant) if client.zscore(k, tid) is not None]
+        found += [k for k in store.owing_keys(tenant) if client.zscore(k, tid) is not None]
+        return found
 
     return Backend(store, leftovers)
 

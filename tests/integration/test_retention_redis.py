@@ -17,8 +17,7 @@ pytestmark = pytest.mark.redis
 
 
 def _indexed(client: redis.Redis, redis_store: RedisStore, tid: str) -> list[float]:
-    snap_key = redis_store.trajectory_keys("acme", tid)[0]
-    scores = [client.zscore(key, snap_key) for key in redis_store.index_keys("acme")]
+    scores = [client.zscore(key, tid) for key in redis_store.index_keys("acme")]
     return [s for s in scores if s is not None]
 
 
@@ -44,7 +43,7 @@ def test_an_id_created_again_keeps_its_entry_when_an_old_retire_finishes(
     snap_key, chain_key = redis_store.trajectory_keys("acme", "t1")
     redis_store._retire(keys=[snap_key, chain_key], args=[rec.record_version])
     redis_store.create(make_record("t1"))  # a job that names its id submits it again
-    redis_store._drop_entry("acme", "t1", snap_key)  # the cut-off retire's second call, late
+    redis_store._drop_entry("acme", "t1")  # the cut-off retire's second call, late
     assert _indexed(redis_client, redis_store, "t1") == [STATE_CODES[make_record().state]]
     assert redis_store.list("acme") == ["t1"]
 
@@ -79,6 +78,6 @@ def test_a_stale_owing_entry_goes_with_the_trajectory(
     """An owing entry for a run that owes nothing (its owing write cut off from its commit, as
     a store that writes it apart could leave) names a trajectory retire deletes: it goes too."""
     rec = finish(redis_store, "t1", at=0.0)
-    redis_client.zadd(redis_store.owing_key("acme"), {"t1": 0})
+    redis_client.zadd(redis_store.owing_key_for("acme", "t1"), {"t1": 0})
     assert redis_store.retire("acme", "t1", rec.record_version) is Retirement.RETIRED
     assert redis_store.owing("acme") == []
