@@ -53,10 +53,11 @@ def _register_subcommands() -> None:
     cli_fleet.register(app)
     cli_run.register(app)
     cli_trace.register(app)
-    from ops import cli_limits, cli_memory, cli_ring
+    from ops import cli_limits, cli_memory, cli_ring, cli_store
 
     app.add_typer(cli_ring.ring_app, name="ring")
     app.add_typer(cli_memory.memory_app, name="memory")
+    app.add_typer(cli_store.store_app, name="store")
     cli_limits.register(app)
 
 

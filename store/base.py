@@ -328,7 +328,9 @@ class SnapshotStore(abc.ABC):
 
     @abc.abstractmethod
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
-        """The commit id stored for ``version``, or None: resolves a commit of unknown outcome."""
+        """The commit id stored for ``version``, or None: resolves a commit of unknown outcome.
+        A backend may keep only the latest versions' ids (Redis keeps 8): enough for that, as
+        a writer resolves its commit before it writes anything newer."""
 
     @abc.abstractmethod
     def close(self) -> None:

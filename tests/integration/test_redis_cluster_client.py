@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, ResponseError
 
 from kernel.errors import ConfigError
 from kernel.settings import Settings
@@ -93,3 +94,16 @@ def test_a_bad_url_is_refused_naming_the_setting(url: str, message: str) -> None
     with pytest.raises(ConfigError, match="REINS_REDIS_URL") as caught:
         client_from_url(url)
     assert message in str(caught.value)
+
+
+def test_a_script_over_two_slots_is_refused_by_the_cluster(
+    redis_cluster: redis.Redis, cluster_key_prefix: str
+) -> None:
+    """What the contract suite on the cluster relies on: layout 1's commit (a trajectory's tag
+    and its tenant's) could not run here."""
+    keys = (f"{{{cluster_key_prefix}:acme:t1}}:snap", f"{{{cluster_key_prefix}:acme}}:index")
+    assert redis_cluster.keyslot(keys[0]) != redis_cluster.keyslot(keys[1])  # type: ignore[attr-defined]
+    script = "redis.call('HSET', KEYS[1], 'v', 1); return redis.call('ZADD', KEYS[2], 1, 'x')"
+    with pytest.raises((RedisClusterException, ResponseError), match=r"(?i)slot"):
+        redis_cluster.eval(script, 2, *keys)
+    assert redis_cluster.exists(*keys) == 0

@@ -27,6 +27,7 @@ from kernel.errors import ConcurrentModification, ReinsError, StoreUnavailable
 from kernel.states import LifecycleState
 from store.base import prepare_commit
 from store.redis_client import DirectBatch, client_from_url, direct_batch, direct_command
+from store.redis_keys import INDEX_BUCKETS, bucket_of
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for
@@ -216,16 +217,16 @@ def test_an_unreachable_redis_fails_after_the_bounded_attempts(fault: Fault) -> 
     )
     with pytest.raises(StoreUnavailable, match=r"commit cid-x .*unknown outcome.*3 attempts"):
         store.compare_and_set(next_version(make_record()), 1, commit_id="cid-x")
-    assert fault.connects == 3
+    assert fault.connects == 1 + 3, "the layout check (tried once), then 3 attempts"
     with pytest.raises(StoreUnavailable, match="loading trajectory t1"):
         store.load("acme", "t1")
-    assert fault.connects == 6
+    assert fault.connects == 4 + 1 + 3, "checked again: it never succeeded"
 
 
 # --- key layout -------------------------------------------------------------------------------
 
 
-def test_keys_are_tenant_scoped_and_a_trajectory_shares_one_slot(
+def test_keys_are_tenant_scoped_and_a_commit_writes_one_slot(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
     store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
@@ -234,15 +235,39 @@ def test_keys_are_tenant_scoped_and_a_trajectory_shares_one_slot(
     v2 = next_version(rec)
     store.compare_and_set(v2, 1, [row_for(v2, 0)])
     store.record("acme", "t:1/s2", {"ok": True})
-    keys = sorted({k.decode() for k in redis_client.scan_iter(match=f"{{{key_prefix}:*")})
-    tag = f"{{{key_prefix}:acme:t%3A1}}"
-    assert keys == [
-        f"{{{key_prefix}:acme:t%3A1%2Fs2}}:idem",
-        f"{tag}:chain",
-        f"{tag}:snap",
-        f"{{{key_prefix}:acme}}:index",
-    ]
-    assert key_slot(f"{tag}:snap".encode()) == key_slot(f"{tag}:chain".encode())
+    keys = sorted({k.decode() for k in redis_client.scan_iter(match=f"{{{key_prefix}*")})
+    tag = f"{{{key_prefix}:acme:#{bucket_of('t:1')}}}"
+    assert keys == sorted(
+        [
+            f"{{{key_prefix}:acme:t%3A1%2Fs2}}:idem",
+            f"{{{key_prefix}}}:layout",
+            f"{tag}:chain:t%3A1",
+            f"{tag}:index",
+            f"{tag}:snap:t%3A1",
+        ]
+    )
+    assert store.index_key_for("acme", "t:1") == f"{tag}:index"
+    assert store.index_key_for("acme", "t:1") in store.index_keys("acme")
+    assert len(set(store.index_keys("acme"))) == INDEX_BUCKETS
+    slots = {key_slot(k.encode()) for k in (*store.trajectory_keys("acme", "t:1"), f"{tag}:index")}
+    assert len(slots) == 1
+    assert redis_client.zrange(f"{tag}:index", 0, -1, withscores=True) == [(b"t:1", 1.0)]
+    store.close()
+
+
+def test_a_tenant_spreads_over_its_buckets_and_lists_merge_them(key_prefix: str) -> None:
+    store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    ids = [f"traj-{n}" for n in range(64)]
+    for tid in ids:
+        store.create(make_record(tid))
+    assert len({bucket_of(tid) for tid in ids}) == INDEX_BUCKETS
+    assert store.list("acme") == sorted(ids)
+    assert store.count("acme", LifecycleState.READY) == 64
+    pages = [store.page("acme", LifecycleState.READY, offset, 10) for offset in range(0, 70, 10)]
+    assert [len(page) for page in pages] == [10] * 6 + [4]
+    walked = [tid for page in pages for tid in page]
+    assert sorted(walked) == sorted(ids) and len(set(walked)) == 64
+    assert walked == sorted(ids, key=lambda tid: (bucket_of(tid), tid)), "bucket, then id order"
     store.close()
 
 
@@ -255,8 +280,9 @@ def test_the_index_is_rebuilt_from_the_snapshots(
     store.create(make_record("t9", tenant="globex"))
     t2 = store.load("acme", "t2")
     store.compare_and_set(next_version(t2, LifecycleState.PAUSED), 1)
-    redis_client.delete(store.index_key("acme"))
-    assert store.list("acme") == []
+    redis_client.delete(*store.index_keys("acme"))
+    redis_client.zadd(store.index_key_for("acme", "gone"), {"gone": 1})  # a stale entry
+    assert store.list("acme") == ["gone"]
     assert store.rebuild_index("acme") == 3
     assert store.list("acme", LifecycleState.READY) == ["t1", "t:3"]
     assert store.list("acme", LifecycleState.PAUSED) == ["t2"]
