@@ -16,6 +16,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.crc import key_slot
 
 from kernel.budget import Budget
 from kernel.errors import StaleNomination, SubmissionRefused, UnknownTenant
@@ -46,6 +47,17 @@ def make(request: pytest.FixtureRequest) -> Iterator[Make]:
     yield lambda cfg: RedisAdmitter(
         client, cfg, prefix=f"{prefix}-{next(serial)}", clock=lambda: 0.0
     )
+    if request.param == "cluster":
+        assert_one_slot_each(client, prefix, serial)
+
+
+def assert_one_slot_each(client: redis.Redis, prefix: str, serial: Iterator[int]) -> None:
+    """Every key the admitters left is in its admitter's one slot: Redis refuses a script's key
+    of another slot only when another master holds it, so the keys written are checked too."""
+    for n in range(next(serial)):
+        tag = f"{{{prefix}-{n}:adm}}"
+        keys = [*client.scan_iter(match=f"{prefix}-{n}:*"), *client.scan_iter(match=f"{tag}*")]
+        assert {key_slot(k) for k in keys} <= {key_slot(tag.encode())}, keys
 
 
 def _redis_of(request: pytest.FixtureRequest, kind: str) -> tuple[redis.Redis, str]:
