@@ -22,6 +22,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from api.keys import KeyRing, Scope
 from kernel.errors import StaleNomination, UnknownMember
 from router import custody as custody_module
 from router import redis_gates
@@ -227,6 +228,17 @@ def test_a_cancel_published_on_the_cluster_is_heard(
     finally:
         listener.stop()
     assert heard[0] == "t1/m1"
+
+
+def test_api_keys_are_created_and_revoked_on_the_cluster(
+    redis_cluster: redis.Redis, cluster_key_prefix: str
+) -> None:
+    ring = KeyRing(redis_cluster, cluster_key_prefix)  # its grants and its index: two slots
+    key, grant = ring.create("acme", "reviewer", {Scope.READ})
+    assert ring.verify(key) == grant and ring.grants() == [grant]
+    assert ring.revoke(grant.key_id)
+    assert ring.verify(key) is None and ring.grants() == []
+    assert not ring.revoke(grant.key_id)
 
 
 def test_every_router_script_ran_on_the_cluster() -> None:
