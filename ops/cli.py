@@ -25,12 +25,16 @@ def bench_cmd(
     name: str = typer.Argument(..., help="benchmark: " + ", ".join(benchmarks.BENCHMARKS)),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     quick: bool = typer.Option(False, "--quick", help="a smaller run, for a smoke test"),
+    cluster: bool = typer.Option(
+        False, "--cluster", help="store: on a three-master Redis Cluster the bench starts"
+    ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
+    options = benchmarks.options(name, run, cluster=cluster)
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
-        result = run(quick=quick)
+        result = run(quick=quick, **options)
     if as_json:
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         return

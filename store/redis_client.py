@@ -15,8 +15,18 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -262,8 +272,11 @@ def direct_command(client: redis.Redis) -> Callable[..., Any]:
     command, its reply, the connection back. What those layers add per call (its retry wrapper,
     argument checks, event dispatch, telemetry hooks) showed as about a third of a fleet turn's
     time in Redis calls; retries are the store's own (:data:`TRANSIENT`). A client pinned to
-    one connection, or of another kind, keeps its own ``execute_command``.
+    one connection, or of another kind, keeps its own ``execute_command``; a cluster client
+    gets :func:`_cluster_direct`.
     """
+    if isinstance(client, RedisCluster):
+        return _cluster_direct(client)
     pool = getattr(client, "connection_pool", None)
     if type(client) is not redis.Redis or pool is None or client.connection is not None:
         return client.execute_command
@@ -279,6 +292,54 @@ def direct_command(client: redis.Redis) -> Callable[..., Any]:
             raise
         finally:
             pool.release(conn)
+
+    return execute
+
+
+#: Replies that say the slot map is stale or the cluster is in flux: the cluster client's own
+#: path follows them (and refreshes its map).
+_REROUTE = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCoveredError)
+
+
+def _cluster_direct(client: RedisCluster) -> Callable[..., Any]:
+    """:func:`direct_command` for a cluster: the command goes straight to the pooled connection
+    of the master that serves its key's slot (the first key: ``args[1]``, or ``args[3]`` of an
+    ``EVALSHA`` with keys), as on one node. A redirection, or a command with no key, goes
+    through the cluster client, which follows it and refreshes its slot map; so does the next
+    command after a connection error (the map may name a master that is gone)."""
+    cluster: Any = client  # redis-py leaves the cluster's routing methods untyped
+    slow: Callable[..., Any] = cluster.execute_command
+    stale = [False]
+
+    def execute(*args: Any) -> Any:
+        name = str(args[0]).upper()
+        if name in ("EVALSHA", "EVAL"):
+            key = args[3] if len(args) > 3 and int(args[2]) > 0 else None
+        else:
+            key = args[1] if len(args) > 1 else None
+        if key is None or stale[0]:
+            reply = slow(*args)
+            stale[0] = False
+            return reply
+        try:
+            node = cluster.nodes_manager.get_node_from_slot(cluster.keyslot(key))
+        except SlotNotCoveredError:
+            return slow(*args)
+        pool = cluster.get_redis_connection(node).connection_pool
+        conn: Any = pool.get_connection()
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        except _REROUTE:
+            pass
+        except BaseException as exc:
+            if not isinstance(exc, ResponseError):  # a reply may still be on its way: drop it
+                conn.disconnect()
+                stale[0] = True
+            raise
+        finally:
+            pool.release(conn)
+        return slow(*args)
 
     return execute
 

@@ -7,6 +7,7 @@ ratios, because these machines are shared and noisy. Timing is never asserted in
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -36,3 +37,14 @@ def load(name: str) -> Callable[..., dict[str, Any]]:
         raise
     run: Callable[..., dict[str, Any]] = mod.run
     return run
+
+
+def options(name: str, run: Callable[..., dict[str, Any]], **given: bool) -> dict[str, bool]:
+    """The options set in ``given`` (flags of ``reins bench``), refused by name when benchmark
+    NAME's ``run`` does not take them."""
+    chosen: dict[str, bool] = {option: value for option, value in given.items() if value}
+    accepted = inspect.signature(run).parameters
+    for option in chosen:
+        if option not in accepted:
+            raise InvalidInput(f"benchmark {name!r} has no --{option.replace('_', '-')} option")
+    return chosen

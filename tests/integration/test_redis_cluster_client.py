@@ -3,6 +3,8 @@ and a client from its URL that reaches every master."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis
 from redis.cluster import RedisCluster
@@ -107,3 +109,24 @@ def test_a_script_over_two_slots_is_refused_by_the_cluster(
     with pytest.raises((RedisClusterException, ResponseError), match=r"(?i)slot"):
         redis_cluster.eval(script, 2, *keys)
     assert redis_cluster.exists(*keys) == 0
+
+
+def test_the_cluster_fast_path_follows_a_moved_reply(
+    redis_cluster_url: str, cluster_key_prefix: str
+) -> None:
+    """A client whose slot map names the wrong master (as after a resharding) gets ``MOVED``
+    from it; the command is sent again through the cluster client, which learns the map."""
+    client: Any = client_from_url(redis_cluster_url, connect_timeout_s=2, timeout_s=2)
+    key = f"{{{cluster_key_prefix}}}:moved"
+    slot = client.keyslot(key)
+    right = client.nodes_manager.get_node_from_slot(slot)
+    wrong = next(node for node in client.get_primaries() if node.name != right.name)
+    client.nodes_manager.slots_cache[slot] = [wrong]
+    execute = direct_command(client)
+    assert execute("SET", key, "v") in (True, b"OK")
+    assert execute("GET", key) == b"v"
+    assert client.nodes_manager.get_node_from_slot(slot).name == right.name, "the map learnt it"
+    host, port = right.name.rsplit(":", 1)
+    with redis.Redis(host=host, port=int(port)) as direct:
+        assert direct.get(key) == b"v"
+    client.close()
