@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.commands.core import Script
 from redis.crc import key_slot
 
 from api.keys import KeyRing, Scope
@@ -54,7 +55,7 @@ def main_scripts() -> set[str]:
 
 @pytest.fixture
 def cluster(redis_cluster: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
-    """The cluster client, recording the name of every script it runs into :data:`RAN`."""
+    """The cluster client; the name of every script run through it goes into :data:`RAN`."""
     assert isinstance(redis_cluster, RedisCluster)
     names = {
         _sha(_SET_IF_MEMBER.read_text()): "set_if_member.lua",
@@ -63,21 +64,25 @@ def cluster(redis_cluster: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iter
         _sha(custody_module._ORPHAN): "orphan",
         _sha(custody_module._FORGET): "forget",
     }
-    built, mains = LuaScript.__init__, lua_mains()
+    built, once, mains = LuaScript.__init__, LuaScript._once, lua_mains()
 
     def naming(self: LuaScript, client: redis.Redis, *files: str, attempts: int = 4) -> None:
         built(self, client, *files, attempts=attempts)
         names[self.sha] = next(f for f in files if f in mains)  # returning.lua, then claim.lua
 
+    def running(self: LuaScript, keys: Any, args: Any) -> Any:
+        RAN.add(names[self.sha])
+        return once(self, keys, args)
+
+    called = Script.__call__
+
+    def calling(self: Script, *args: Any, **kwargs: Any) -> Any:
+        RAN.add(names.get(self.sha, self.sha))
+        return called(self, *args, **kwargs)
+
     monkeypatch.setattr(LuaScript, "__init__", naming)
-    execute = redis_cluster.execute_command
-
-    def recording(*args: Any, **options: Any) -> Any:
-        if str(args[0]).upper() == "EVALSHA":
-            RAN.add(names.get(str(args[1]), str(args[1])))
-        return execute(*args, **options)
-
-    monkeypatch.setattr(redis_cluster, "execute_command", recording)
+    monkeypatch.setattr(LuaScript, "_once", running)
+    monkeypatch.setattr(Script, "__call__", calling)
     yield redis_cluster
 
 
