@@ -11,7 +11,9 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, ResponseError
 
 from kernel.errors import ConfigError
+from kernel.memory import MemoryItem, MemoryKind, Scope, Visibility
 from kernel.settings import Settings
+from store.memory_redis import RedisMemory
 from store.redis_client import (
     client_for,
     client_from_url,
@@ -19,6 +21,8 @@ from store.redis_client import (
     direct_command,
     is_cluster,
 )
+from store.redis_store import RedisStore
+from tests.contract.advance_worker import make_record, next_version
 
 pytestmark = pytest.mark.redis
 
@@ -130,3 +134,32 @@ def test_the_cluster_fast_path_follows_a_moved_reply(
     with redis.Redis(host=host, port=int(port)) as direct:
         assert direct.get(key) == b"v"
     client.close()
+
+
+def test_scripts_the_masters_lost_are_loaded_again(
+    redis_cluster: redis.Redis, cluster_key_prefix: str
+) -> None:
+    """After ``SCRIPT FLUSH`` on every master (a restart), a commit and a memory write and
+    recall each load their script again and go on."""
+    cluster: Any = redis_cluster
+    store = RedisStore(redis_cluster, prefix=cluster_key_prefix)
+    bank = RedisMemory(redis_cluster, prefix=cluster_key_prefix)
+    rec = make_record()
+    store.create(rec)
+    item = MemoryItem(
+        kind=MemoryKind.FACT,
+        tenant="acme",
+        scope=Scope.USER,
+        subject="cu_ana",
+        key="lang",
+        value={"text": "de"},
+        tags=["language"],
+        written_ms=1,
+    )
+    for node in cluster.get_primaries():
+        cluster.get_redis_connection(node).script_flush()
+    store.compare_and_set(next_version(rec), 1)
+    bank.put(item)
+    assert store.load("acme", "t1").record_version == 2
+    found = bank.recall(Visibility("acme", "cu_ana", "m"), MemoryKind.FACT, ["language"], 2, 5)
+    assert [i.item_id for i in found] == [item.item_id]
