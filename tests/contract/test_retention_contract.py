@@ -25,7 +25,12 @@ from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for, with_open_call
 
 S = LifecycleState
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),  # retire's scripts keep to one slot
+]
 NOW = 100 * DAY_S  # the injected clock: day 100
 KEEP_S = 30 * DAY_S
 
@@ -64,9 +69,9 @@ def _sqlite(path: Path) -> Backend:
     return Backend(SqliteStore(path), leftovers)
 
 
-def _redis(prefix: str) -> Backend:
-    store = RedisStore(client_from_url(REDIS_URL), prefix=prefix)
-    client = client_from_url(REDIS_URL)
+def _redis(prefix: str, url: str = REDIS_URL) -> Backend:
+    store = RedisStore(client_from_url(url), prefix=prefix)
+    client = client_from_url(url)
 
     def leftovers(tenant: str, tid: str) -> list[str]:
         snap_key, chain_key = store.trajectory_keys(tenant, tid)
@@ -84,6 +89,10 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         "memory": _memory,
         "sqlite": lambda: _sqlite(tmp_path / "reins.db"),
         "redis": lambda: _redis(request.getfixturevalue("key_prefix")),
+        "redis-cluster": lambda: _redis(
+            request.getfixturevalue("cluster_key_prefix"),
+            request.getfixturevalue("redis_cluster_url"),
+        ),
     }
     made = builders[request.param]()
     yield made
