@@ -25,12 +25,20 @@ def bench_cmd(
     name: str = typer.Argument(..., help="benchmark: " + ", ".join(benchmarks.BENCHMARKS)),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     quick: bool = typer.Option(False, "--quick", help="a smaller run, for a smoke test"),
+    trajectories: int | None = typer.Option(
+        None, "--trajectories", min=1, help="bench scale: trajectories to simulate"
+    ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
+    extra: dict[str, int] = {}
+    if trajectories is not None:
+        if name != "scale":
+            raise typer.BadParameter(f"only bench scale takes --trajectories, not {name!r}")
+        extra["trajectories"] = trajectories
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
-        result = run(quick=quick)
+        result = run(quick=quick, **extra)
     if as_json:
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         return
