@@ -26,7 +26,7 @@ def bench_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     quick: bool = typer.Option(False, "--quick", help="a smaller run, for a smoke test"),
     trajectories: int | None = typer.Option(
-        None, "--trajectories", min=1, help="bench scale: trajectories to simulate"
+        None, "--trajectories", help="bench scale: trajectories to simulate"
     ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
@@ -35,6 +35,8 @@ def bench_cmd(
     if trajectories is not None:
         if name != "scale":
             raise typer.BadParameter(f"only bench scale takes --trajectories, not {name!r}")
+        if trajectories < 1:
+            raise typer.BadParameter(f"--trajectories must be at least 1, got {trajectories}")
         extra["trajectories"] = trajectories
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
