@@ -51,6 +51,13 @@ class Settings(BaseModel):
         description="an ended run's open calls are reconciled this long after a router first "
         "sees it owing, and again as often while it still owes (unset: REINS_MAX_TURN_S)",
     )
+    retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="a finished trajectory that owes nothing is deleted (record, chain, index) "
+        "this long after its last chain row; a tenant's retention_days in the fleet's "
+        "configuration overrides it",
+    )
     redis_retry_attempts: int = Field(5, ge=1, le=50)
     redis_connect_timeout_s: float = Field(2.0, gt=0, description="connecting to any Redis")
     redis_timeout_s: float = Field(

@@ -63,11 +63,12 @@ def _register_subcommands() -> None:
     cli_fleet.register(app)
     cli_run.register(app)
     cli_trace.register(app)
-    from ops import cli_limits, cli_memory, cli_ring
+    from ops import cli_limits, cli_memory, cli_retention, cli_ring
 
     app.add_typer(cli_ring.ring_app, name="ring")
     app.add_typer(cli_memory.memory_app, name="memory")
     cli_limits.register(app)
+    cli_retention.register(app)
 
 
 def main() -> None:

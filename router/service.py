@@ -43,6 +43,7 @@ from router.owed import OwedRuns
 from router.reconcile import Reconciler
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
+from router.retention import RetentionSweep, retention_s
 from router.stranded import StrandedTurns
 from router.submit import RouterApi
 from router.sweeps import IndexCursor, ReadySweep
@@ -137,6 +138,12 @@ class RouterService:
             clock=time.monotonic,
         )
         self.ticker = Ticker(api, tenants, TICK_EVERY_S, clock=time.time)
+        self.retention = RetentionSweep(
+            self.store,
+            tenants,
+            keep_s=lambda t: retention_s(self.config, t, settings.retention_days),
+            clock=time.time,
+        )
         self.owed = OwedRuns(
             api,
             tenants,
@@ -193,6 +200,7 @@ class RouterService:
         if self.admitting:  # only an admitter knows what its queues hold
             self.ready_sweep.sweep()
         self.ticker.tick()  # time for waiting trajectories (every TICK_EVERY_S)
+        self.retention.sweep()  # finished trajectories past their retention, a page
         if self.shared:
             reconcile_claims(self.dispatcher.admitter, self.store)
         else:

@@ -15,6 +15,7 @@ the same way. Design: ``docs/adr/0001-weighted-drr-admission.md``. A file (TOML)
     max_ready = 500                # most READY trajectories it may queue
     largest_call_tokens = 42000    # largest input + output allowance of one call
     budget_max = { steps = 40, tokens = 1500000, dollars = "5.00" }
+    retention_days = 90            # finished runs kept this long (unset: REINS_RETENTION_DAYS)
     classes = [ { name = "interactive", weight = 3 }, { name = "maintenance", weight = 1 } ]
 """
 
@@ -74,6 +75,12 @@ class TenantConfig(_Frozen):
     largest_call_tokens: int = Field(ge=1, description="largest input + output allowance")
     budget_max: BudgetMaxima = BudgetMaxima()
     classes: tuple[ServiceClassConfig, ...] = ()
+    retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="days a finished trajectory is kept after its last chain row; None: "
+        "REINS_RETENTION_DAYS",
+    )
     agents: tuple[str, ...] | None = Field(
         None,
         description="the agents (MODULE:AGENT) its jobs may name; None: not restricted, which "

@@ -7,6 +7,7 @@ redis-py's retries off, and :func:`retry_transient` repeats only what is safe to
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -145,29 +146,77 @@ def client_for(settings: Settings, *, broker: bool = False) -> redis.Redis:
     )
 
 
+class _Pinned:
+    """One connection per thread, taken from a client's pool once and kept for the thread's
+    later direct calls; given back only when it is spent (an error that may leave a reply
+    unread). The pool's own checkout, around every call, costs about as much client CPU as
+    the call itself (a lock, two telemetry records, a readiness poll): measured 50-64 us
+    a call against 28 us pinned (docs/adr/0014-redis-store.md, "Connections").
+
+    A connection that the server closed while idle fails its next call with a connection
+    error, which the caller's retries treat as any transient error: the retry takes a fresh
+    connection."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._local = threading.local()
+
+    def get(self) -> Any:
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():  # a forked child never reuses a socket
+            conn = local.conn = self._pool.get_connection()
+            local.pid = os.getpid()
+        return conn
+
+    def spend(self, conn: Any) -> None:
+        """Disconnect ``conn`` (replies may still be on their way) and give it back."""
+        self._local.conn = None
+        try:
+            conn.disconnect()
+        finally:
+            self._pool.release(conn)
+
+
+_PINNED_LOCK = threading.Lock()
+
+
+def _pinned(pool: Any) -> _Pinned:
+    """The pool's :class:`_Pinned`, made on first use (one per pool, kept on the pool)."""
+    pinned: _Pinned | None = getattr(pool, "_reins_pinned", None)
+    if pinned is None:
+        with _PINNED_LOCK:
+            pinned = getattr(pool, "_reins_pinned", None)
+            if pinned is None:
+                pinned = _Pinned(pool)
+                pool._reins_pinned = pinned
+    return pinned
+
+
 def direct_command(client: redis.Redis) -> Callable[..., Any]:
     """``client.execute_command`` for commands whose reply needs no conversion (``EVALSHA``,
-    ``HMGET``), without redis-py's layers around each call: a connection from the pool, the
-    command, its reply, the connection back. What those layers add per call (its retry wrapper,
-    argument checks, event dispatch, telemetry hooks) showed as about a third of a fleet turn's
-    time in Redis calls; retries are the store's own (:data:`TRANSIENT`). A client pinned to
-    one connection, or of another kind, keeps its own ``execute_command``.
+    ``HMGET``), without redis-py's layers around each call: the thread's own connection
+    (:class:`_Pinned`), the command, its reply. What those layers add per call (its retry
+    wrapper, argument checks, event dispatch, telemetry hooks, the pool's checkout) showed as
+    about a third of a fleet turn's time in Redis calls; retries are the store's own
+    (:data:`TRANSIENT`). A client pinned to one connection, or of another kind, keeps its own
+    ``execute_command``.
     """
     pool = getattr(client, "connection_pool", None)
     if type(client) is not redis.Redis or pool is None or client.connection is not None:
         return client.execute_command
+    pinned = _pinned(pool)
 
     def execute(*args: Any) -> Any:
-        conn = pool.get_connection()
+        conn = pinned.get()
         try:
             conn.send_command(*args)
             return conn.read_response()
-        except BaseException as exc:
-            if not isinstance(exc, ResponseError):  # a reply may still be on its way: drop it
-                conn.disconnect()
+        except ResponseError:
+            raise  # an error reply: read in full, the connection stays good
+        except BaseException:
+            pinned.spend(conn)
             raise
-        finally:
-            pool.release(conn)
 
     return execute
 
@@ -180,7 +229,7 @@ class DirectBatch:
     """
 
     def __init__(self, client: redis.Redis) -> None:
-        self._pool = client.connection_pool
+        self._pinned = _pinned(client.connection_pool)
         self.commands: list[tuple[Any, ...]] = []
 
     def execute_command(self, *args: Any) -> DirectBatch:
@@ -200,7 +249,7 @@ class DirectBatch:
         commands, self.commands = self.commands, []
         if not commands:
             return []
-        conn: Any = self._pool.get_connection()  # redis-py leaves these methods untyped
+        conn = self._pinned.get()
         replies: list[Any] = []
         try:
             conn.send_packed_command(conn.pack_commands(commands))
@@ -210,10 +259,8 @@ class DirectBatch:
                 except ResponseError as exc:
                     replies.append(exc)
         except BaseException:
-            conn.disconnect()  # replies may still be on their way: this connection is spent
+            self._pinned.spend(conn)  # replies may still be on their way: this one is spent
             raise
-        finally:
-            self._pool.release(conn)
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, ResponseError):

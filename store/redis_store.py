@@ -16,6 +16,9 @@ injective and every key is scoped by tenant:
 ``{P:T:K}:idem``            string the idempotency ledger's stored result (JSON)
 ==========================  =====  ============================================================
 
+A retire (:meth:`RedisStore.retire`) is ``lua/retire.lua`` on the trajectory's two keys, then
+``lua/unindex.lua`` on its index key: two calls, never one script over two tags.
+
 A commit is one ``EVALSHA`` of ``lua/cas.lua`` over four keys in two slots, so it needs one
 node (standalone or Sentinel), not Cluster. Transient errors are retried; a commit whose reply
 was lost is resolved by reading its commit id back, and one still unresolved raises
@@ -51,11 +54,13 @@ from store.base import (
     Commit,
     JsonObject,
     Outcome,
+    Retirement,
     TrajectoryStore,
     decode_result,
     decode_row,
     decode_snapshot,
     encode_result,
+    retirable,
     settle,
 )
 from store.redis_client import (
@@ -122,6 +127,8 @@ class RedisStore(TrajectoryStore):
         self._cas_source = _load_script("cas.lua")
         self._cas_sha = hashlib.sha1(self._cas_source.encode()).hexdigest()
         self._execute = direct_command(client)  # the hot path: CAS and load, nothing else
+        self._retire = client.register_script(_load_script("retire.lua"))
+        self._unindex = client.register_script(_load_script("unindex.lua"))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisStore:
@@ -142,6 +149,18 @@ class RedisStore(TrajectoryStore):
     def index_key(self, tenant: str) -> str:
         """The tenant's state index."""
         return f"{{{self.prefix}:{_enc(tenant)}}}:index"
+
+    def index_keys(self, tenant: str) -> builtins.list[str]:
+        """Every key of the tenant's state index (one today)."""
+        return [self.index_key(tenant)]
+
+    def index_key_for(self, tenant: str, trajectory_id: str) -> str:
+        """The index key that lists ``trajectory_id``."""
+        return self.index_key(tenant)
+
+    def owing_key(self, tenant: str) -> str:
+        """The tenant's list of ended runs that still owe a settlement."""
+        return f"{{{self.prefix}:{_enc(tenant)}}}:owing"
 
     def ledger_key(self, tenant: str, key: str) -> str:
         """Where the result recorded under an idempotency key lives."""
@@ -316,6 +335,49 @@ class RedisStore(TrajectoryStore):
         )
         return None if stored is None else text(stored)
 
+    def retire(self, tenant: str, trajectory_id: str, expected_version: int) -> Retirement:
+        """Two calls, each on one hash tag: retire.lua deletes the snapshot and chain (if
+        still at ``expected_version`` and ended), then unindex.lua removes the index entry.
+
+        Whether the run owes is read from the record at that version (the version pins its
+        content), so the owing list, kept by every commit, holds no entry for it. An
+        interrupted retire leaves the index entry alone; the next retire of the id finds no
+        snapshot and removes it (``GONE``). Both scripts are safe to send again.
+        """
+        snap_key, chain_key = self.trajectory_keys(tenant, trajectory_id)
+        try:
+            record = self.load(tenant, trajectory_id)
+        except SnapshotNotFound:
+            self._drop_entry(tenant, trajectory_id, snap_key)
+            return Retirement.GONE
+        if record.record_version != expected_version:
+            return Retirement.CHANGED
+        if not retirable(record):
+            return Retirement.KEPT
+        outcome, _ = self._retrying(
+            f"retiring trajectory {trajectory_id}",
+            lambda: self._retire(keys=[snap_key, chain_key], args=[expected_version]),
+        )
+        if outcome < 0:
+            return Retirement.CHANGED
+        self._drop_entry(tenant, trajectory_id, snap_key)
+        return Retirement.RETIRED if outcome > 0 else Retirement.GONE
+
+    def _drop_entry(self, tenant: str, trajectory_id: str, snap_key: str) -> None:
+        """The second call of a retire: the ended trajectory's index entry (unindex.lua) and
+        any owing entry, in one pipeline of two commands (each on its own key, no MULTI). A
+        retired run owed nothing, so the owing entry is there only if a commit's owing write
+        was ever cut off from the commit: it names a trajectory that is gone."""
+        index_key, owing_key = self.index_key_for(tenant, trajectory_id), self.owing_key(tenant)
+
+        def drop() -> None:
+            pipe = self._client.pipeline(transaction=False)
+            self._unindex(keys=[index_key], args=[snap_key], client=pipe)
+            pipe.zrem(owing_key, trajectory_id)
+            pipe.execute()
+
+        self._retrying(f"removing trajectory {trajectory_id} from the index", drop)
+
     def rebuild_index(self, tenant: str) -> int:
         """Rebuild the tenant's state index from its snapshots; return how many it lists.
 
@@ -349,6 +411,15 @@ class RedisStore(TrajectoryStore):
             lambda: self._client.lrange(chain_key, start, -1),
         )
         return [decode_row(trajectory_id, row) for row in rows]
+
+    def last_row(self, tenant: str, trajectory_id: str) -> ChainRow | None:
+        """``LINDEX -1``: the last row alone."""
+        chain_key = self.trajectory_keys(tenant, trajectory_id)[1]
+        row = self._read(
+            f"reading the chain of trajectory {trajectory_id}",
+            lambda: self._client.lindex(chain_key, -1),
+        )
+        return None if row is None else decode_row(trajectory_id, row)
 
     def record(self, tenant: str, key: str, result: JsonObject) -> JsonObject:
         """``SET NX GET``: first write wins, a repeat (or a retry) gets the stored result."""

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "fleet": "ops.bench.fleet",
     "api": "ops.bench.api",
     "memory": "ops.bench.memory",
+    "retention": "ops.bench.retention",
     "scale": "ops.bench.scale",
 }
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from kernel.amounts import Amounts
 from kernel.errors import (
     ConcurrentModification,
     CorruptSnapshot,
@@ -24,7 +23,7 @@ from kernel.errors import (
     SnapshotNotFound,
     UnsupportedSchema,
 )
-from kernel.record import Operation, OpKind, OpStatus, SettlementOwner, TrajectoryRecord
+from kernel.record import OpStatus
 from kernel.states import LifecycleState
 from store.base import TrajectoryStore
 from store.memory import MemoryStore
@@ -32,7 +31,13 @@ from store.redis_client import client_from_url
 from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
 from tests.conftest import REDIS_URL
-from tests.contract.advance_worker import advance, make_record, next_version, row_for
+from tests.contract.advance_worker import (
+    advance,
+    make_record,
+    next_version,
+    row_for,
+    with_open_call,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 S = LifecycleState
@@ -258,43 +263,27 @@ def test_the_state_index_follows_every_commit(store: TrajectoryStore) -> None:
     assert store.count("acme", LifecycleState.READY) == 2 and store.count("acme") == 3
 
 
-def _with_call(rec: TrajectoryRecord, status: OpStatus) -> TrajectoryRecord:
-    """``rec`` holding one tool call in ``status``, owned by the reconciler."""
-    op = Operation(
-        op_id="c1",
-        call_id="c1",
-        kind=OpKind.TOOL,
-        attempts=["c1/a1"],
-        idempotency_key="k1",
-        epoch=0,
-        reservation=Amounts.of(tool_calls=1),
-        settlement_owner=SettlementOwner.RECONCILER,
-        status=status,
-    )
-    return rec.model_copy(update={"operations": {"c1": op}})
-
-
 def test_the_owing_list_holds_exactly_the_ended_runs_with_an_open_operation(
     store: TrajectoryStore,
 ) -> None:
     for tid in ("t1", "t2", "t3"):
         store.create(make_record(tid))
     store.create(make_record("t1", tenant="globex"))
-    live = next_version(_with_call(store.load("acme", "t1"), OpStatus.REGISTERED))
+    live = next_version(with_open_call(store.load("acme", "t1"), OpStatus.REGISTERED))
     store.compare_and_set(live, 1)
     ended = S.CANCELED
     for tid in ("t2", "t3"):
-        owes = next_version(_with_call(store.load("acme", tid), OpStatus.UNKNOWN), ended)
+        owes = next_version(with_open_call(store.load("acme", tid), OpStatus.UNKNOWN), ended)
         store.compare_and_set(owes, 1)
     assert store.owing("acme") == ["t2", "t3"], "a live run's open call is the kernel's"
     assert store.owing("acme", limit=1) == ["t2"]
     assert store.owing("globex") == [] and store.owing("initech") == []
     t2 = store.load("acme", "t2")
-    store.compare_and_set(next_version(_with_call(t2, OpStatus.SETTLED)), 2)
+    store.compare_and_set(next_version(with_open_call(t2, OpStatus.SETTLED)), 2)
     assert store.owing("acme") == ["t3"], "settled: no longer owed"
     t3 = store.load("acme", "t3")
     with pytest.raises(ConcurrentModification):  # a lost race changes the list no more
-        store.compare_and_set(next_version(_with_call(t3, OpStatus.SETTLED)), 1)
+        store.compare_and_set(next_version(with_open_call(t3, OpStatus.SETTLED)), 1)
     assert store.owing("acme") == ["t3"]
 
 

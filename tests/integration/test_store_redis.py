@@ -346,8 +346,48 @@ def test_direct_commands_give_the_raw_reply_and_keep_the_connection_after_an_err
         run("LPUSH", key, "y")
     assert run("HMGET", key, "v") == [b"3"], "the connection answers the next command in order"
     pool = client.connection_pool
-    assert len(pool._in_use_connections) == 0, "every connection went back to the pool"
+    assert len(pool._in_use_connections) == 1, "an error reply does not spend the connection"
     client.close()
+
+
+def test_each_thread_keeps_its_own_connection_and_a_killed_one_is_replaced(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The direct path pins one connection per thread: the same one call after call, another
+    in another thread; one the server closed fails its next call as a transient error (the
+    store's retries take it from there) and the thread takes a fresh one."""
+    client = redis.Redis.from_url(REDIS_URL)
+    run = direct_command(client)
+    mine = run("CLIENT", "ID")
+    assert run("CLIENT", "ID") == mine
+    theirs: list[Any] = []
+    other = threading.Thread(target=lambda: theirs.append(run("CLIENT", "ID")))
+    other.start()
+    other.join()
+    assert theirs and theirs[0] != mine
+    assert redis_client.client_kill_filter(_id=mine) == 1
+    with pytest.raises(redis.ConnectionError):
+        run("CLIENT", "ID")
+    fresh = run("CLIENT", "ID")
+    assert fresh != mine and run("CLIENT", "ID") == fresh
+    batch = direct_batch(client)
+    assert batch.execute_command("CLIENT", "ID").execute() == [fresh], "batches share it"
+    client.close()
+
+
+def test_a_store_carries_on_after_its_connection_is_killed(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    rec = make_record("t1", "acme")
+    store.create(rec)
+    pinned = store._execute("CLIENT", "ID")
+    assert redis_client.client_kill_filter(_id=pinned) == 1
+    assert store.load("acme", "t1") == rec, "the read is retried on a fresh connection"
+    moved = next_version(rec)
+    assert store.compare_and_set(moved, rec.record_version) == moved.record_version
+    assert store._execute("CLIENT", "ID") != pinned
+    store.close()
 
 
 def test_a_client_pinned_to_one_connection_keeps_its_own_execute_command() -> None:
@@ -380,7 +420,7 @@ def test_a_direct_batch_answers_as_a_pipeline_does(
     with pytest.raises(NoScriptError):
         batch.execute()
     assert batch.execute() == [], "nothing queued: nothing sent"
-    assert len(client.connection_pool._in_use_connections) == 0
+    assert len(client.connection_pool._in_use_connections) == 1, "the thread's one connection"
     pinned = redis.Redis.from_url(REDIS_URL, single_connection_client=True)
     assert not isinstance(direct_batch(pinned), DirectBatch)
     pinned.close()
