@@ -29,6 +29,12 @@ class Settings(BaseModel):
     sqlite_path: str = Field(".reins/reins.db", description="embedded store file")
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(5.0, gt=0)
+    member_retention_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a ring member with no heartbeat for this long is deleted from the membership "
+        "(lapsed members stay listed, out of the ring, until then)",
+    )
     visibility_timeout_s: float = Field(300.0, gt=0)
     max_turn_s: float = Field(
         60.0, gt=0, description="the longest a turn's model call or tool call may take"
@@ -109,6 +115,12 @@ class Settings(BaseModel):
                 f"REINS_HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}) must be above twice "
                 f"REINS_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}): one late heartbeat "
                 "would declare a live member dead"
+            )
+        if self.member_retention_s <= self.heartbeat_timeout_s:
+            raise ValueError(
+                f"REINS_MEMBER_RETENTION_S ({self.member_retention_s}) must be above "
+                f"REINS_HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}): a member would be "
+                "deleted before it counts as lapsed"
             )
         if self.visibility_timeout_s <= self.max_turn_s:
             raise ValueError(

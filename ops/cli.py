@@ -28,10 +28,15 @@ def bench_cmd(
     cluster: bool = typer.Option(
         False, "--cluster", help="store: on a three-master Redis Cluster the bench starts"
     ),
+    trajectories: int | None = typer.Option(
+        None, "--trajectories", help="bench scale: trajectories to simulate"
+    ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
-    options = benchmarks.options(name, run, cluster=cluster)
+    if trajectories is not None and trajectories < 1:
+        raise typer.BadParameter(f"--trajectories must be at least 1, got {trajectories}")
+    options = benchmarks.options(name, run, cluster=cluster, trajectories=trajectories)
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
         result = run(quick=quick, **options)

@@ -49,6 +49,13 @@ _T = TypeVar("_T")
 Sender = Callable[[str, dict[str, Any]], None]
 
 
+#: Up to this many configured tenants each admission is marked with whether every tenant had a
+#: call READY (the admissions feed's ``b``). Telling reads every tenant's queue depth (in the
+#: claim script, for the shared admitter), so past it the mark is not computed and is False:
+#: at 10,000 tenants the read cost 25 ms of Redis per admission (``docs/adr/0191``).
+BACKLOG_MARK_UP_TO = 64
+
+
 def placement_key(tenant: str, trajectory_id: str) -> str:
     """The ring key of a trajectory (tenant-scoped, stable for its whole life)."""
     return f"{tenant}/{trajectory_id}"
@@ -222,24 +229,30 @@ class Dispatcher:
         ring = self.ring()
         if not any(not m.draining for m in ring.members):
             return 0
+        marks = self._marks_backlog()
         if self.shared:
-            return self._admit_claims(limit, ring)
+            return self._admit_claims(limit, ring, marks)
         admitted = 0
         while admitted < limit and self.room():
             nomination = self.admitter.nominate()
             if nomination is None:
                 break
-            depths = list(self.depths()) if self.depths is not None else []
+            depths = list(self.depths()) if self.depths is not None and marks else []
             if not self._admit_local(nomination, depths, ring):
                 break
             admitted += 1
         return admitted
 
-    def _admit_claims(self, limit: int, ring: Ring) -> int:
+    def _marks_backlog(self) -> bool:
+        """Whether admissions are marked backlogged (at most BACKLOG_MARK_UP_TO tenants)."""
+        config = getattr(self.admitter, "config", None)
+        return config is None or len(config.tenants) <= BACKLOG_MARK_UP_TO
+
+    def _admit_claims(self, limit: int, ring: Ring, marks: bool) -> int:
         """The shared admitter: claim a batch, admit each, confirm the batch (3 round trips
         beside each trajectory's own load and compare-and-set)."""
         admitter: Any = self.admitter
-        batch = admitter.claim_many(limit, 1, depths=True)
+        batch = admitter.claim_many(limit, 1, depths=marks)
         if batch.refused:
             self.observer.on_gate_refused(
                 provider_of(batch.refused_route), batch.reason, batch.refused

@@ -36,6 +36,7 @@ from router.chores import (
 from router.dispatch import Sender
 from router.fleet_config import ConfigSource
 from router.health import Beat, HealthServer, live_within_s, serve_probes
+from router.heap import return_large_blocks
 from router.live_config import Applied, LiveConfig
 from router.observe import RouterObserver
 from router.owed import OwedRuns
@@ -315,6 +316,7 @@ class RouterService:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
+            return_large_blocks()  # ring changes free large arrays: give them back (heap.py)
         log.info("router %s up (admitter %s)", self.name, self.options.admitter.value)
         probes = self._probes()
         every = self.settings.heartbeat_interval_s / 2

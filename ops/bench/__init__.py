@@ -22,6 +22,7 @@ BENCHMARKS = {
     "api": "ops.bench.api",
     "memory": "ops.bench.memory",
     "retention": "ops.bench.retention",
+    "scale": "ops.bench.scale",
 }
 
 
@@ -40,10 +41,10 @@ def load(name: str) -> Callable[..., dict[str, Any]]:
     return run
 
 
-def options(name: str, run: Callable[..., dict[str, Any]], **given: bool) -> dict[str, bool]:
-    """The options set in ``given`` (flags of ``reins bench``), refused by name when benchmark
-    NAME's ``run`` does not take them."""
-    chosen: dict[str, bool] = {option: value for option, value in given.items() if value}
+def options(name: str, run: Callable[..., dict[str, Any]], **given: Any) -> dict[str, Any]:
+    """The options set in ``given`` (flags of ``reins bench``; unset is None or False), refused
+    by name when benchmark NAME's ``run`` does not take them."""
+    chosen = {option: value for option, value in given.items() if value not in (None, False)}
     accepted = inspect.signature(run).parameters
     for option in chosen:
         if option not in accepted:
