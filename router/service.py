@@ -36,6 +36,7 @@ from router.chores import (
 from router.dispatch import Sender
 from router.fleet_config import ConfigSource
 from router.health import Beat, HealthServer, live_within_s, serve_probes
+from router.inflight_sweep import InFlightSweep
 from router.live_config import Applied, LiveConfig
 from router.observe import RouterObserver
 from router.owed import OwedRuns
@@ -107,6 +108,7 @@ class RouterService:
             gates_override=load_gate_config(options.gates_file) if options.gates_file else None,
         )
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
+        self.in_flight = InFlightSweep(lambda: self.dispatcher.admitter, self.store)
         self.swept: tuple[str, ...] = ()
         self._sweeps(tuple(t.name for t in self.config.tenants))
 
@@ -194,6 +196,7 @@ class RouterService:
         self.ticker.tick()  # time for waiting trajectories (every TICK_EVERY_S)
         if self.shared:
             reconcile_claims(self.dispatcher.admitter, self.store)
+            self.in_flight.sweep()  # turns in flight whose trajectory acts no more (ADR 0123)
         else:
             self._hold_lease()
         if self.observing:
