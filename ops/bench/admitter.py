@@ -42,6 +42,10 @@ BACKLOG_QUANTUM = 10_000  # seed 004's exercise: 10,000 charge tokens per unit w
 BACKLOG_CAP = 100_000  # >= largest call (64,000) + largest quantum (30,000): no clipping
 PROVIDER_TOKENS_PER_S = 1_000_000.0  # advances the simulated clock, so the window means something
 TRAJECTORIES_PER_TENANT = 64
+#: Every backlogged tenant's max_in_flight: configured, and each admitted turn ends (released)
+#: before its trajectory is queued again, so the caps' bookkeeping is in the figures; at the
+#: trajectories per tenant it never binds, so the shares still measure the weights alone.
+IN_FLIGHT_CAP = TRAJECTORIES_PER_TENANT
 
 # --- part 2: noisy neighbour ----------------------------------------------------------------
 
@@ -66,7 +70,7 @@ def run(quick: bool = False) -> dict[str, object]:
     """Run all parts; ``quick`` is a smaller run for smoke tests (same fields)."""
     backlog = _backlogged(chunks=2 if quick else 5, chunk=5_000 if quick else 50_000)
     quiet_calls = 300 if quick else 5_000
-    result: dict[str, object] = {"quick": quick, **backlog}
+    result: dict[str, object] = {"quick": quick, "max_in_flight": IN_FLIGHT_CAP, **backlog}
     for label, mix in (("", INTERACTIVE), ("_mixed_sizes", MIXED)):
         for kind in ("drr", "fifo"):
             base = _noisy(kind, mix, quiet_calls, loud=False)
@@ -83,7 +87,11 @@ def run(quick: bool = False) -> dict[str, object]:
 
 
 def _config(
-    tenants: list[tuple[str, float, int]], quantum: int, cap: int, max_ready: int
+    tenants: list[tuple[str, float, int]],
+    quantum: int,
+    cap: int,
+    max_ready: int,
+    in_flight: int | None = None,
 ) -> AdmissionConfig:
     return AdmissionConfig.from_mapping(
         {
@@ -91,6 +99,7 @@ def _config(
             "credit_cap_tokens": cap,
             "tenants": [
                 {"name": n, "weight": w, "max_ready": max_ready, "largest_call_tokens": largest}
+                | ({} if in_flight is None else {"max_in_flight": in_flight})
                 for n, w, largest in tenants
             ],
         }
@@ -113,6 +122,7 @@ def _backlogged(chunks: int, chunk: int) -> dict[str, object]:
         BACKLOG_QUANTUM,
         BACKLOG_CAP,
         max_ready=TRAJECTORIES_PER_TENANT,
+        in_flight=IN_FLIGHT_CAP,
     )
     clock = [0.0]
     admitter = Admitter(config, lambda: clock[0])
@@ -123,6 +133,7 @@ def _backlogged(chunks: int, chunk: int) -> dict[str, object]:
             i, o = sequences[name][k]
             admitter.submit(name, f"{name}-{k}", input_tokens=i, output_allowance=o)
     nominate, confirm, requeue = admitter.nominate, admitter.confirm, admitter.requeue
+    release = admitter.release
     charge = dict.fromkeys(sequences, 0)
     turn = dict.fromkeys(sequences, TRAJECTORIES_PER_TENANT)
     rates: list[float] = []
@@ -139,6 +150,7 @@ def _backlogged(chunks: int, chunk: int) -> dict[str, object]:
                 charge[tenant] += call.charge
             k = turn[tenant] = turn[tenant] + 1
             i, o = sequences[tenant][k & 4095]
+            release(tenant, call.trajectory_id)  # the turn ended
             requeue(tenant, call.trajectory_id, input_tokens=i, output_allowance=o)
         elapsed = time.perf_counter() - started
         if c:
@@ -284,6 +296,7 @@ def _redis_setup(client: Any, prefix: str) -> tuple[RedisAdmitter, AdmissionConf
         BACKLOG_QUANTUM,
         BACKLOG_CAP,
         max_ready=TRAJECTORIES_PER_TENANT,
+        in_flight=IN_FLIGHT_CAP,
     )
     gates = RedisGates(
         client, GateConfig.from_mapping({"routes": {REDIS_ROUTE: {}}}), prefix=prefix
@@ -312,6 +325,7 @@ def _redis_worker(
             admitter.confirm_many(claims)
         if not claims:  # every call is claimed by the others this instant
             continue
+        admitter.release_many((c.call.tenant, c.call.trajectory_id, c.claim_id) for c in claims)
         admitter.requeue_many(
             (
                 c.call.tenant,
