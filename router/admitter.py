@@ -192,11 +192,7 @@ class Admitter:
         drr.confirm(self._state, nomination)
         call = nomination.call
         del self._where[call.trajectory_id]
-        lane = nomination.lane
-        flying = self._flying[lane]
-        flying.add(call.trajectory_id)
-        if self._limits[lane] and len(flying) >= self._limits[lane]:
-            self._full.add(lane)
+        self._fly(nomination.lane, call.trajectory_id)
         now = self._clock()
         wait = now - call.ready_at
         self._book.record(nomination.lane, call.charge, wait, now)
@@ -260,6 +256,19 @@ class Admitter:
         if len(flying) < self._limits[lane]:
             self._full.discard(lane)
         return True
+
+    def running(self, tenant: str, trajectory_id: str) -> None:
+        """Count a turn admitted before this admitter was built (read from the store when a
+        router takes the admitter over) as in flight, until :meth:`release`."""
+        lane = self._lane_of.get(tenant)
+        if lane is not None and lane < len(self._flying):
+            self._fly(lane, trajectory_id)
+
+    def _fly(self, lane: int, trajectory_id: str) -> None:
+        flying = self._flying[lane]
+        flying.add(trajectory_id)
+        if self._limits[lane] and len(flying) >= self._limits[lane]:
+            self._full.add(lane)
 
     def in_flight(self, tenant: str) -> int:
         """How many of ``tenant``'s admitted turns have not ended (0 for an unknown tenant)."""

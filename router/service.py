@@ -108,7 +108,9 @@ class RouterService:
             gates_override=load_gate_config(options.gates_file) if options.gates_file else None,
         )
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
-        self.in_flight = InFlightSweep(lambda: self.dispatcher.admitter, self.store)
+        self.in_flight = InFlightSweep(
+            lambda: self.dispatcher.admitter, self.store, every_s=settings.heartbeat_timeout_s
+        )
         self.swept: tuple[str, ...] = ()
         self._sweeps(tuple(t.name for t in self.config.tenants))
 

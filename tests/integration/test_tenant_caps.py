@@ -122,8 +122,9 @@ def test_the_drift_sweep_ends_the_turns_of_trajectories_that_act_no_more(
         "pending": LifecycleState.READY,
     }
     records = Records(states)
-    sweep = InFlightSweep(lambda: admitter, records, budget=2)  # type: ignore[arg-type]
-    total = sum(sweep.sweep() for _ in range(4))  # a page of 2 per tick: every entry is read
+    sweep = InFlightSweep(lambda: admitter, records, every_s=0, budget=2)  # type: ignore[arg-type]
+    assert sweep.sweep() == 0 and records.loads == [], "an entry first seen is not loaded"
+    total = sum(sweep.sweep() for _ in range(6))  # pages of 2: each entry is seen twice
     assert total == 2 and admitter.in_flight("acme") == 2
     assert "pending" not in records.loads, "a pending claim is not even looked at"
     # A stale end names the claim it ended: a trajectory claimed again since keeps its turn.
