@@ -125,13 +125,14 @@ class Dispatcher:
     # --- intake --------------------------------------------------------------------------------
 
     def intake(self, notices: Sequence[Notice]) -> None:
-        """Settle each notice's gate lease and requeue READY trajectories."""
+        """Settle each notice's gate lease, end its turn in flight, requeue READY trajectories."""
         ready = []
         for n in notices:
             if self.gates is not None and n.lease_route:
                 self._settle(self.gates, n)
             if n.kind is NoticeKind.READY:
                 ready.append(n)
+        self._end_turns(notices)
         if not ready:
             return
         many = getattr(self.admitter, "requeue_many", None)
@@ -159,6 +160,24 @@ class Dispatcher:
         if n.lease:
             gates.settle(n.lease_route, n.lease, n.used_tokens if n.used_tokens >= 0 else None)
             self.figures.settled += 1
+
+    def _end_turns(self, notices: Sequence[Notice]) -> None:
+        """The notices' turns leave their tenants' turns in flight (ADR 0123). On the shared
+        admitter only a notice that carries its turn's claim (the lease) ends it, and only while
+        the entry still names that claim: the notice of a duplicate message, which carries
+        none, cannot end the turn that runs now. A local admitter ends every turn's."""
+        if self.shared:
+            turns = [(n.tenant, n.trajectory_id, n.lease) for n in notices if n.lease]
+        else:
+            turns = [(n.tenant, n.trajectory_id, "") for n in notices if n.call_id]
+        if not turns:
+            return
+        many = getattr(self.admitter, "release_many", None)
+        if many is not None:
+            many(turns)
+            return
+        for tenant, tid, claim in turns:
+            self.admitter.release(tenant, tid, claim)
 
     def requeue(self, n: Notice) -> None:
         """Queue a READY trajectory with its next call's charge; duplicates are ignored."""

@@ -37,6 +37,7 @@ from router.dispatch import Sender
 from router.fleet_config import ConfigSource
 from router.health import Beat, HealthServer, live_within_s, serve_probes
 from router.heap import return_large_blocks
+from router.inflight_sweep import InFlightSweep
 from router.live_config import Applied, LiveConfig
 from router.observe import RouterObserver
 from router.owed import OwedRuns
@@ -109,6 +110,9 @@ class RouterService:
             gates_override=load_gate_config(options.gates_file) if options.gates_file else None,
         )
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
+        self.in_flight = InFlightSweep(
+            lambda: self.dispatcher.admitter, self.store, every_s=settings.heartbeat_timeout_s
+        )
         self.swept: tuple[str, ...] = ()
         self._sweeps(tuple(t.name for t in self.config.tenants))
 
@@ -203,6 +207,7 @@ class RouterService:
         self.retention.sweep()  # finished trajectories past their retention, a page
         if self.shared:
             reconcile_claims(self.dispatcher.admitter, self.store)
+            self.in_flight.sweep()  # turns in flight whose trajectory acts no more (ADR 0123)
         else:
             self._hold_lease()
         if self.observing:

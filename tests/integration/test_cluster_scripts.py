@@ -123,6 +123,10 @@ def test_the_admitter_and_gate_scripts_run_in_the_admitters_slot(
     with pytest.raises(StaleNomination):
         admitter.decline(second)
     assert admitter.withdraw("a2")
+    lane = admitter.in_flight_page(0, 0, 16)  # inflight.lua "page": the first call's lane
+    assert lane[0] == 0 and admitter.in_flight("acme") == 1
+    assert admitter.release("acme", first.call.trajectory_id)  # inflight.lua "end"
+    assert admitter.in_flight("acme") == 0
 
     queued, claim = admitter.claim_returning(  # returning.lua
         ("acme", first.call.trajectory_id, 1_000, 500, None, None)
