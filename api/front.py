@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-import redis.asyncio
 
 from api.idempotency import IdempotencyKeys, body_digest
 from api.keys import KeyRing
@@ -31,6 +30,7 @@ from router.membership import Membership
 from router.ring import Ring
 from router.submit import RouterApi, Submitted
 from store.memory_redis import RedisMemory
+from store.redis_async import async_client_for
 from store.redis_client import client_for
 from store.redis_store import RedisStore
 
@@ -79,13 +79,10 @@ class Front:
         )
 
     def tail(self) -> Any:
-        """An asyncio Redis client of the store's server (event streams read with it)."""
+        """An asyncio Redis client of the store's server, one node or a cluster (event streams
+        read with it)."""
         if self._tail is None:
-            self._tail = redis.asyncio.Redis.from_url(
-                self.settings.redis_url,
-                socket_connect_timeout=self.settings.redis_connect_timeout_s,
-                socket_timeout=self.settings.redis_timeout_s,
-            )
+            self._tail = async_client_for(self.settings)
         return self._tail
 
     async def aclose(self) -> None:
