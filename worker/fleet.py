@@ -33,7 +33,6 @@ from kernel.errors import InvalidInput, UnknownMember
 from kernel.settings import Settings
 from kernel.tools import ToolBackend
 from router.agents import AgentCache
-from router.broker import broker_keyprefix, queue_figures, queue_for, take_queued_turns
 from router.custody import Custody
 from router.feed import CancelListener, Feed
 from router.fleet_config import ConfigSource, importable
@@ -42,6 +41,7 @@ from router.health import Beat, HealthServer, live_within_s, serve_probes
 from router.membership import Membership, Progress
 from router.redis_gates import RedisGates
 from router.turn_message import HandBackWhy, TurnMessage
+from router.wire import member_queue
 from store.memory_redis import RedisMemory
 from store.redis_client import client_for
 from worker.allowed import AllowListedStore
@@ -85,17 +85,16 @@ class FleetWorker:
     ) -> None:
         self.settings, self.options = settings, options
         self.name = options.name
-        self.queue = queue_for(self.name)
         self.client = client if client is not None else client_for(settings)
         self.store = AllowListedStore(
             self.client, prefix=settings.key_prefix, retry_attempts=settings.redis_retry_attempts
         )
         source = self.store.source = ConfigSource(self.client, settings.key_prefix)
-        self.broker = (
-            self.client
-            if client is not None or settings.broker_url == settings.redis_url
-            else client_for(settings, broker=True)
+        redis_broker = (
+            self.client if client is not None or settings.broker_url == settings.redis_url else None
         )
+        self.broker = member_queue(settings, self.name, redis_broker)
+        self.queue = self.broker.name
         self.membership = Membership.of(self.client, settings)
         self.incarnation = uuid.uuid4().hex  # this process; a restart under the name is another
         self.feed = Feed(self.client, settings.key_prefix)
@@ -338,7 +337,7 @@ class FleetWorker:
 
     def _report_queue(self) -> None:
         """Tell the observer this member's queue depth and its oldest message's age."""
-        depth, age = queue_figures(self.broker, self.settings, self.name, time.time())
+        depth, age = self.broker.figures(time.time())
         self.runner.observer.on_queue(self.name, depth, age)
 
     def _flush_delays(self) -> None:
@@ -392,7 +391,7 @@ class FleetWorker:
             self.runner.active,
             self.queued(),
         )
-        while payloads := take_queued_turns(self.broker, self.settings, self.name, 256):
+        while payloads := self.broker.take_turns(256):
             for payload in payloads:
                 try:
                     msg = TurnMessage.from_payload(payload)
@@ -404,8 +403,7 @@ class FleetWorker:
 
     def queued(self) -> int:
         """Messages waiting in this member's queue."""
-        waiting: Any = self.broker.llen(broker_keyprefix(self.settings) + self.queue)
-        return int(waiting)
+        return self.broker.depth()
 
     def drained(self) -> bool:
         """Every live router stopped placing turns here, none is queued and none runs."""
@@ -426,7 +424,7 @@ def run_worker(
     worker = FleetWorker(settings, options, observer=observer)
     worker.boot()
     probes = worker.probes()
-    app = worker_app(settings, worker.handle_turn)
+    app = worker_app(settings, worker.handle_turn, worker.broker.consumed())
 
     def ready(**_: Any) -> None:
         worker.on_ready()

@@ -23,7 +23,7 @@ from ops.fleet_local import LocalFleet
 from router.feed import Feed
 from router.membership import Membership
 from store.redis_store import RedisStore
-from tests.fleet.conftest import WEIGHTS
+from tests.fleet.conftest import BROKERS, WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
     caller_api,
@@ -65,6 +65,7 @@ def run_jobs(
     return store, ids, feed
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_weighted_admission_shares_the_gate_by_weight_and_survives_a_worker_death(
     local_fleet: LocalFleet,
     fleet_env: dict[str, str],
