@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kernel.errors import ReinsError
+from kernel.errors import InvalidInput, ReinsError
 from ops import bench as benchmarks
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -25,12 +25,20 @@ def bench_cmd(
     name: str = typer.Argument(..., help="benchmark: " + ", ".join(benchmarks.BENCHMARKS)),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     quick: bool = typer.Option(False, "--quick", help="a smaller run, for a smoke test"),
+    broker: str | None = typer.Option(
+        None, "--broker", help="fleet only: the broker, redis (the default) or amqp (RabbitMQ)"
+    ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
+    options: dict[str, object] = {"quick": quick}
+    if broker is not None:
+        if name != "fleet":
+            raise InvalidInput(f"--broker: only the fleet benchmark takes a broker, not {name!r}")
+        options["broker"] = broker
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
-        result = run(quick=quick)
+        result = run(**options)
     if as_json:
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         return

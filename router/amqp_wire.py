@@ -272,7 +272,8 @@ class AmqpPublisher:
     def close(self) -> None:
         """Close the connection (buffered messages stay buffered)."""
         with self._lock:
-            self._reset()
+            conn, self._conn, self._channel, self._producer = self._conn, None, None, None
+            _close(conn)
 
     def _publish(self, batch: list[_Outgoing]) -> tuple[list[_Outgoing], int]:
         """Publish ``batch`` and wait for every confirm: (the messages to send again, the number
@@ -336,7 +337,7 @@ class AmqpPublisher:
             channel.events["basic_ack"].add(self._on_ack)
             channel.events["basic_nack"].add(self._on_nack)
         except BaseException:
-            conn.release()
+            _discard(conn)
             raise
         self._conn, self._channel = conn, channel
         self._version = server_version(conn)
@@ -355,11 +356,7 @@ class AmqpPublisher:
 
     def _reset(self) -> None:
         conn, self._conn, self._channel, self._producer = self._conn, None, None, None
-        if conn is not None:
-            try:
-                conn.release()
-            except Exception as exc:  # a connection that broke may not close cleanly
-                log.debug("closing a broken broker connection: %s", exc)
+        _discard(conn)
 
 
 class AmqpQueue:
@@ -388,7 +385,8 @@ class AmqpQueue:
 
     def take(self, limit: int, wanted: str) -> list[Any]:
         """Take up to ``limit`` messages of task ``wanted`` out of the queue, oldest first: the
-        first argument of each. A message of another task goes back and taking stops there."""
+        first argument of each. A message of another task goes back (to the end of a quorum
+        queue) and taking stops there."""
         out: list[Any] = []
         with self._lock:
             try:
@@ -413,7 +411,8 @@ class AmqpQueue:
     def close(self) -> None:
         """Close the connection."""
         with self._lock:
-            self._reset()
+            conn, self._conn = self._conn, None
+            _close(conn)
 
     def _channel(self) -> Any:
         if self._conn is None:
@@ -421,18 +420,35 @@ class AmqpQueue:
             try:
                 conn.connect()
             except BaseException:
-                conn.release()
+                _discard(conn)
                 raise
             self._conn = conn
         return self._conn.default_channel
 
     def _reset(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.release()
-            except Exception as exc:
-                log.debug("closing a broken broker connection: %s", exc)
+        _discard(conn)
+
+
+def _discard(conn: Any) -> None:
+    """Drop a connection that failed: its socket closed at once, no goodbye to a server that
+    may not answer."""
+    if conn is None:
+        return
+    try:
+        conn.collect()
+    except Exception as exc:
+        log.debug("discarding a broken broker connection: %s", exc)
+
+
+def _close(conn: Any) -> None:
+    """Close a connection politely, or drop it if that fails."""
+    if conn is None:
+        return
+    try:
+        conn.release()
+    except Exception:
+        _discard(conn)
 
 
 def _turn_args(message: Any, wanted: str) -> Any:

@@ -62,6 +62,13 @@ def broker_kind(url: str) -> BrokerKind:
     return kind
 
 
+def noops_key(prefix: str) -> str:
+    """The hash where each worker tells ``<count>:<time of the last>`` of the no-op tasks it
+    ran (at its heartbeat, when the count changed): the end of ``reins bench fleet``'s
+    baseline on a broker that cannot say when its last message was acknowledged."""
+    return f"{prefix}:fleet:noops"
+
+
 def queue_for(member: str) -> str:
     """The Celery queue of ring member ``member``, without the deployment's prefix."""
     return QUEUE_PREFIX + check_name(member)

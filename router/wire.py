@@ -79,6 +79,10 @@ class MemberQueue(Protocol):
         """Take up to ``limit`` waiting turn payloads out, oldest first."""
         ...
 
+    def close(self) -> None:
+        """Let go of what this reader holds (its own connection, if any)."""
+        ...
+
 
 class RedisMemberQueue:
     """A member's queue on a Redis broker: kombu's list under the deployment's prefix."""
@@ -100,6 +104,9 @@ class RedisMemberQueue:
 
     def take_turns(self, limit: int) -> list[Any]:
         return take_queued_turns(self.client, self.settings, self.member, limit)
+
+    def close(self) -> None:
+        """Nothing: the client is the caller's."""
 
 
 class AmqpMemberQueue:
@@ -123,6 +130,9 @@ class AmqpMemberQueue:
 
     def take_turns(self, limit: int) -> list[Any]:
         return self.reader.take(limit, TURN_TASK)
+
+    def close(self) -> None:
+        self.reader.close()
 
 
 def member_queue(settings: Settings, member: str, client: redis.Redis | None) -> MemberQueue:

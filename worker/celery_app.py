@@ -33,10 +33,16 @@ class TurnConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped
 TurnHandler = Callable[[dict[str, Any], bool], None]
 
 
-def worker_app(settings: Settings, on_turn: TurnHandler, queue: str | Queue = "") -> Celery:
+def worker_app(
+    settings: Settings,
+    on_turn: TurnHandler,
+    queue: str | Queue = "",
+    on_noop: Callable[[], None] | None = None,
+) -> Celery:
     """The app for ``settings`` with the turn and no-op tasks registered. A ``queue`` given as
     a kombu queue (RabbitMQ: durable, quorum where the server has them) is the one Celery
-    declares and consumes under its name, so its arguments are the ones every sender uses."""
+    declares and consumes under its name, so its arguments are the ones every sender uses.
+    ``on_noop`` is called after each no-op task (the benchmark's count)."""
     app = make_app(settings)
     app.conf.worker_consumer = f"{__name__}:TurnConsumer"
     if isinstance(queue, Queue):
@@ -51,6 +57,8 @@ def worker_app(settings: Settings, on_turn: TurnHandler, queue: str | Queue = ""
 
     def noop() -> None:
         """Nothing: the baseline of ``reins bench fleet``."""
+        if on_noop is not None:
+            on_noop()
 
     register: Any = app.task  # Celery's decorator is untyped
     register(name=TURN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(turn)

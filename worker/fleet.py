@@ -33,6 +33,7 @@ from kernel.errors import InvalidInput, UnknownMember
 from kernel.settings import Settings
 from kernel.tools import ToolBackend
 from router.agents import AgentCache
+from router.broker import noops_key
 from router.custody import Custody
 from router.feed import CancelListener, Feed
 from router.fleet_config import ConfigSource, importable
@@ -149,6 +150,7 @@ class FleetWorker:
         self.registered = False
         self.taken = self.finished = 0  # messages this consumer took, and finished
         self.turn_cpu_s = 0.0  # CPU the turns themselves took in their threads (not Celery's)
+        self.noops, self.last_noop_at, self._noops_told = 0, 0.0, 0  # the benchmark's no-ops
         self._figures = threading.Lock()
 
     def _follow_on(
@@ -207,6 +209,20 @@ class FleetWorker:
         with self._figures:
             self.turn_cpu_s += spent
 
+    def note_noop(self) -> None:
+        """A no-op task ran here (``reins bench fleet`` counts them)."""
+        with self._figures:
+            self.noops += 1
+            self.last_noop_at = time.time()
+
+    def _report_noops(self) -> None:
+        """Tell the benchmark how many no-op tasks ran here, and when the last one did."""
+        with self._figures:
+            noops, at = self.noops, self.last_noop_at
+        if noops != self._noops_told:
+            self.client.hset(noops_key(self.settings.key_prefix), self.name, f"{noops}:{at:.6f}")
+            self._noops_told = noops
+
     def _count(self, what: str) -> None:
         with self._figures:
             self.drain_figures[what] += 1
@@ -251,6 +267,7 @@ class FleetWorker:
             except Exception as exc:
                 log.warning("%s of %s failed at shutdown: %s", last.__name__, self.name, exc)
         self.listener.stop()
+        self.broker.close()
         with contextlib.suppress(UnknownMember):
             self.membership.remove(self.name)
         turns = self.runner.turns
@@ -309,6 +326,7 @@ class FleetWorker:
         chores: tuple[Callable[[], object], ...] = (
             self._beat_once,
             self._flush_delays,
+            self._report_noops,
             self.leases.renew_due,
             self.runner.push_kept,
         )
@@ -424,7 +442,7 @@ def run_worker(
     worker = FleetWorker(settings, options, observer=observer)
     worker.boot()
     probes = worker.probes()
-    app = worker_app(settings, worker.handle_turn, worker.broker.consumed())
+    app = worker_app(settings, worker.handle_turn, worker.broker.consumed(), worker.note_noop)
 
     def ready(**_: Any) -> None:
         worker.on_ready()

@@ -1,7 +1,10 @@
 """``reins bench fleet``: turns per second through the whole fleet, beside Celery doing nothing.
 
 Two routers and two workers as local processes on the machine's Redis, a scripted model, tools
-that take no time. The fields and the method are described in ``docs/benchmarks.md``.
+that take no time. The broker is the store's Redis (``REINS_BROKER_URL``) or, with
+``--broker amqp``, RabbitMQ (``REINS_BROKER_URL`` when it is an AMQP URL, else the local
+server as guest); the baseline goes through the same broker. The fields and the method are
+described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -24,13 +27,26 @@ from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.state import MemoryState
 from kernel.agent import AgentModule
 from kernel.budget import Budget
+from kernel.errors import InvalidInput
 from kernel.settings import Settings
 from kernel.states import TERMINAL, StopReason
 from ops.fleet_local import LocalFleet, process_cpu_s, wait_for
-from router.broker import NOOP_TASK, TaskPublisher, broker_keyprefix, make_app, queue_for
+from router.amqp_wire import delete_queues
+from router.broker import (
+    NOOP_TASK,
+    BrokerKind,
+    broker_keyprefix,
+    broker_kind,
+    celery_queue,
+    make_app,
+    noops_key,
+    queue_for,
+)
 from router.feed import Feed
 from router.service import SEND_BURST, RouterOptions, RouterService
 from router.submit import RouterApi
+from router.wire import publisher_for
+from store.redis_client import text
 
 TENANTS = ("acme", "globex", "initech")
 ORDERS = {
@@ -38,6 +54,7 @@ ORDERS = {
     for n in range(100, 140)
 }
 ROUNDS = 3  # noop and zero-latency phases, alternating
+LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 WORKERS = ("w1", "w2")
 BUDGET = Budget(
     max_steps=40,
@@ -84,12 +101,26 @@ fast_agent = AgentModule(profile=_base, make_backend=_backend, make_policy=_poli
 slow_agent = AgentModule(profile=_base, make_backend=_backend, make_policy=_policy(1.0))
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Start the fleet, run the three phases, end every process, clean the keys."""
-    base = Settings.from_env(os.environ)
+def _broker_url(base: Settings, broker: str) -> str:
+    """The URL of the broker the run measures (``broker``: redis or amqp)."""
+    try:
+        wanted = BrokerKind(broker)
+    except ValueError:
+        raise InvalidInput(f"--broker: redis or amqp, got {broker!r}") from None
+    if broker_kind(base.broker_url) is wanted:
+        return base.broker_url
+    return LOCAL_AMQP if wanted is BrokerKind.AMQP else base.redis_url
+
+
+def run(quick: bool = False, broker: str = "redis") -> dict[str, Any]:
+    """Start the fleet, run the three phases, end every process, clean the keys (and, on
+    RabbitMQ, the queues of this run)."""
+    env_base = Settings.from_env(os.environ)
+    base = env_base.model_copy(update={"broker_url": _broker_url(env_base, broker)})
+    amqp = broker_kind(base.broker_url) is BrokerKind.AMQP
     prefix = f"reins-bench-{uuid.uuid4().hex[:10]}"
     store_client = redis.Redis.from_url(base.redis_url)
-    broker_client = redis.Redis.from_url(base.broker_url)
+    broker_client = store_client if amqp else redis.Redis.from_url(base.broker_url)
     with tempfile.TemporaryDirectory(prefix="reins-bench-fleet-") as tmp:
         tenants = Path(tmp) / "tenants.toml"
         tenants.write_text(_tenants_toml())
@@ -109,9 +140,15 @@ def run(quick: bool = False) -> dict[str, Any]:
                 fleet.start("router", r, "--log-level", "WARNING")
             fleet.wait_ready(list(WORKERS), ["r1", "r2"])
             settings = base.model_copy(update={"key_prefix": prefix, "tenants_file": str(tenants)})
-            return _phases(settings, store_client, broker_client, fleet, quick)
+            return {
+                "broker": broker_kind(base.broker_url).value,
+                **_phases(settings, store_client, broker_client, fleet, quick),
+            }
         finally:
             fleet.close()
+            if amqp:
+                named = base.model_copy(update={"key_prefix": prefix})
+                delete_queues(named, [celery_queue(named, w) for w in WORKERS])
             for client in {
                 id(store_client): store_client,
                 id(broker_client): broker_client,
@@ -212,7 +249,10 @@ class _Cpu:
 
 
 def _noops(settings: Settings, broker: redis.Redis, count: int) -> float:
-    app = make_app(settings)
+    """No-op tasks through the publisher the routers use, in bursts of 16 as they send."""
+    batch = publisher_for(settings, make_app(settings), broker)
+    if broker_kind(settings.broker_url) is BrokerKind.AMQP:
+        return _amqp_noops(settings, broker, batch, count)
     kp = broker_keyprefix(settings)
     keys = [kp + queue_for(w) for w in WORKERS]
 
@@ -223,15 +263,34 @@ def _noops(settings: Settings, broker: redis.Redis, count: int) -> float:
         pipe.hlen(kp + "unacked")
         return int(sum(pipe.execute())) == 0
 
-    batch = TaskPublisher(app, broker, settings)  # as the routers send: bursts of 16
     start = time.perf_counter()
+    _publish_noops(batch, count)
+    wait_for(empty, 300, "the no-op tasks to drain", every_s=0.005)
+    return count / (time.perf_counter() - start)
+
+
+def _publish_noops(batch: Any, count: int) -> None:
     for i in range(count):
         batch.add(NOOP_TASK, "w1" if i % 2 else "w2")
         if len(batch.pending) >= SEND_BURST:
             batch.flush()
     batch.flush()
-    wait_for(empty, 300, "the no-op tasks to drain", every_s=0.005)
-    return count / (time.perf_counter() - start)
+
+
+def _amqp_noops(settings: Settings, client: redis.Redis, batch: Any, count: int) -> float:
+    """RabbitMQ does not say when its last message was acknowledged: the workers tell how many
+    no-ops they ran and when the last one ran (``noops_key``), and the rate is taken to it."""
+    key = noops_key(settings.key_prefix)
+
+    def tally() -> tuple[int, float]:
+        told = [text(v).split(":") for v in client.hvals(key)]
+        return sum(int(n) for n, _ in told), max((float(t) for _, t in told), default=0.0)
+
+    before = tally()[0]
+    start = time.time()
+    _publish_noops(batch, count)
+    wait_for(lambda: tally()[0] >= before + count, 300, "the no-op tasks to run", every_s=0.01)
+    return count / max(tally()[1] - start, 1e-9)
 
 
 def _phase(
