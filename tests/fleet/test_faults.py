@@ -34,6 +34,7 @@ from router.membership import Membership
 from router.streams import FIELD, dead_letters
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
+from tests.fleet.brokers import AMQP_URL, delete_member_queues, require_rabbitmq
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
@@ -156,6 +157,49 @@ def test_a_black_holed_redis_connection_hangs_no_process(
         stop_all(run.fleet)
         run.fleet.close()
         proxy.close()
+
+
+@pytest.mark.amqp
+def test_a_black_holed_rabbitmq_exits_no_router_and_loses_no_turn(
+    fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    require_rabbitmq()
+    port = int(AMQP_URL.split("@", 1)[1].split("/", 1)[0].split(":")[1])
+    proxy = BlackHoleProxy("127.0.0.1", port)
+    env = {
+        **fleet_env,
+        **FAULT_ENV,
+        "REINS_BROKER_URL": AMQP_URL,
+        "REINS_REDIS_TIMEOUT_S": "1.5",
+        "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
+    }
+    # The routers publish through the proxy; the workers consume from RabbitMQ directly.
+    via_proxy = {"REINS_BROKER_URL": AMQP_URL.replace(f":{port}/", f":{proxy.port}/")}
+    run = Faulty(env, tmp_path / "fleet", redis_client)
+    try:
+        start(run.fleet, routers=())
+        for r in ("r1", "r2"):
+            run.fleet.start("router", r, "--admitter", "redis", env=via_proxy)
+        run.fleet.wait_ready(["w1", "w2"], ["r1", "r2"])
+        run.submit(120, 2600)
+        feed = Feed(redis_client, run.prefix)
+        wait_for(lambda: len(feed.admissions()) >= 40, 60, "40 admissions before the hole")
+        proxy.swallow()  # no confirm comes back, no connection opens
+        wait_for(
+            lambda: all("did not confirm" in run.fleet.log(r) for r in ("r1", "r2")),
+            60,
+            "both routers to fail to publish",
+        )
+        proxy.restore()
+        took = run.ended()
+        print(f"\nafter the black-holed broker: every trajectory ended {took:.1f}s after it closed")
+        for name, proc in run.fleet.procs.items():
+            assert proc.poll() is None, f"{name} exited"
+    finally:
+        stop_all(run.fleet)
+        run.fleet.close()
+        proxy.close()
+        delete_member_queues(env, run.fleet.procs)
 
 
 def test_a_worker_started_again_under_its_name_hands_its_turns_to_the_reconciler(
