@@ -49,6 +49,7 @@ from tests.support import wait_for
 from tests.support.proxy import BlackHoleProxy
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
+TEST_DB = int(REDIS_URL.rsplit("/", 1)[1] or 0)  # the test suite's database, through the proxy
 FAULT_ENV = {
     "REINS_HEARTBEAT_INTERVAL_S": "0.25",
     "REINS_HEARTBEAT_TIMEOUT_S": "2",
@@ -124,6 +125,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def through_the_hole(run: Faulty, proxy: BlackHoleProxy, logged: str, within_s: float) -> None:
+    """Once 40 turns were admitted, black-hole ``proxy`` until both routers log ``logged``,
+    then open it again: every trajectory ends, nothing twice, and no process exited."""
+    feed = Feed(run.client, run.prefix)
+    wait_for(lambda: len(feed.admissions()) >= 40, 60, "40 admissions before the hole")
+    proxy.swallow()
+    wait_for(
+        lambda: all(logged in run.fleet.log(r) for r in ("r1", "r2")),
+        within_s,
+        f"both routers to log {logged!r} on the black hole",
+    )
+    proxy.restore()
+    took = run.ended()
+    print(f"\nafter the black hole: every trajectory ended {took:.1f}s after it closed")
+    for name, proc in run.fleet.procs.items():
+        assert proc.poll() is None, f"{name} exited"
+
+
 def test_a_black_holed_redis_connection_hangs_no_process(
     fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> None:
@@ -131,8 +150,8 @@ def test_a_black_holed_redis_connection_hangs_no_process(
     env = {
         **fleet_env,
         **FAULT_ENV,
-        "REINS_REDIS_URL": proxy.url(0),
-        "REINS_BROKER_URL": proxy.url(0),
+        "REINS_REDIS_URL": proxy.url(TEST_DB),
+        "REINS_BROKER_URL": proxy.url(TEST_DB),
         "REINS_REDIS_TIMEOUT_S": "1.5",
         "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
     }
@@ -140,19 +159,8 @@ def test_a_black_holed_redis_connection_hangs_no_process(
     try:
         start(run.fleet, routers=("r1", "r2"))
         run.submit(120, 2000)
-        feed = Feed(redis_client, run.prefix)
-        wait_for(lambda: len(feed.admissions()) >= 40, 60, "40 admissions before the hole")
-        proxy.swallow()  # every connection of every process: accepted, never answered
-        wait_for(
-            lambda: all("Timeout" in run.fleet.log(r) for r in ("r1", "r2")),
-            30,
-            "both routers to time out on the black hole",
-        )
-        proxy.restore()
-        took = run.ended()
-        print(f"\nafter the black hole: every trajectory ended {took:.1f}s after it closed")
-        for name, proc in run.fleet.procs.items():
-            assert proc.poll() is None, f"{name} exited"
+        # every connection of every process: accepted, never answered
+        through_the_hole(run, proxy, "Timeout", 30)
     finally:
         stop_all(run.fleet)
         run.fleet.close()
@@ -182,19 +190,7 @@ def test_a_black_holed_rabbitmq_exits_no_router_and_loses_no_turn(
             run.fleet.start("router", r, "--admitter", "redis", env=via_proxy)
         run.fleet.wait_ready(["w1", "w2"], ["r1", "r2"])
         run.submit(120, 2600)
-        feed = Feed(redis_client, run.prefix)
-        wait_for(lambda: len(feed.admissions()) >= 40, 60, "40 admissions before the hole")
-        proxy.swallow()  # no confirm comes back, no connection opens
-        wait_for(
-            lambda: all("did not confirm" in run.fleet.log(r) for r in ("r1", "r2")),
-            60,
-            "both routers to fail to publish",
-        )
-        proxy.restore()
-        took = run.ended()
-        print(f"\nafter the black-holed broker: every trajectory ended {took:.1f}s after it closed")
-        for name, proc in run.fleet.procs.items():
-            assert proc.poll() is None, f"{name} exited"
+        through_the_hole(run, proxy, "did not confirm", 60)  # no confirm, no new connection
     finally:
         stop_all(run.fleet)
         run.fleet.close()
