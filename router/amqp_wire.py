@@ -49,6 +49,7 @@ Queue: Any = _entity.Queue
 QUEUE_EXPIRES_MS = 7 * 24 * 3600 * 1000  # an unused member queue is deleted after a week
 QUORUM_SINCE = (3, 8)  # the RabbitMQ release that brought quorum queues
 PUBLISH_ATTEMPTS = 4
+BOOT_ATTEMPTS = 100  # a worker waits for the broker at boot about as long as Celery does
 #: What may go wrong on the wire and is worth another connection: the socket, the protocol's
 #: recoverable errors, a closed channel, a nack, a confirm that did not come.
 TRANSIENT: tuple[type[BaseException], ...] = (
@@ -113,11 +114,27 @@ def member_queue(name: str, version: tuple[int, ...]) -> Queue:
     )
 
 
-def probe_queue(settings: Settings, name: str) -> Queue:
+def probe_queue(settings: Settings, name: str, attempts: int = BOOT_ATTEMPTS) -> Queue:
     """The member queue ``name`` as the broker of ``settings`` takes it, declared (a worker's
-    boot: it asks the server's release once, then Celery consumes the queue it returns)."""
+    boot: it asks the server's release once, then Celery consumes the queue it returns). A
+    broker that is not up yet is waited for, as Celery waits at startup: up to ``attempts``
+    tries, a few seconds apart, each failure logged; then the last error is raised."""
+    delay = 0.5
+    for _ in range(attempts - 1):
+        try:
+            return _declared(settings, name)
+        except amqp.exceptions.PreconditionFailed:
+            raise  # declared elsewhere with other arguments: waiting will not help
+        except TRANSIENT as exc:
+            log.warning("broker not ready for queue %s (%s); again in %.1fs", name, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    return _declared(settings, name)
+
+
+def _declared(settings: Settings, name: str) -> Queue:
     with connect(settings) as conn:
-        conn.ensure_connection(max_retries=3)
+        conn.connect()
         queue = member_queue(name, server_version(conn))
         queue(conn.default_channel).declare()
         return queue

@@ -31,6 +31,7 @@ from router.amqp_wire import (
     connect,
     delete_queues,
     member_queue,
+    probe_queue,
     server_version,
 )
 from router.broker import NOOP_TASK, TURN_TASK, celery_queue, make_app, turn_repr
@@ -276,3 +277,18 @@ def test_a_broker_that_is_not_there_fails_the_flush_quickly_and_keeps_everything
         publisher.flush()
     assert time.monotonic() - began < 10
     assert len(publisher.pending) == 1
+
+
+def test_a_worker_boot_waits_for_the_broker_a_bounded_while_then_says_why(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = AMQP_URL.split("@", 1)[0] + f"@127.0.0.1:{port}//"
+    absent = settings.model_copy(update={"broker_url": url})
+    with pytest.raises(OSError):
+        probe_queue(absent, celery_queue(absent, "w1"), attempts=2)
+    assert "broker not ready for queue" in caplog.text
+    queue = probe_queue(settings, celery_queue(settings, "w1"), attempts=2)
+    assert queue.queue_arguments["x-queue-type"] == "quorum"
