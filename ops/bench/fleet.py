@@ -172,16 +172,15 @@ def _phases(
     rounds, noops, fast_n = (1, 600, 90) if quick else (ROUNDS, 1500, 90)
     probes = 4 if quick else 10
     redis_pid = int(client.info("server").get("process_id", 0)) if _local(settings) else 0
-    cpu = _Cpu(fleet, redis_pid)
+    amqp = broker_kind(settings.broker_url) is BrokerKind.AMQP
+    cpu = _Cpu(fleet, redis_pid, _rabbitmq_pid() if amqp else 0)
     noop_rates, step_rates, ratios, fasts = [], [], [], []
-    noop_cpu, noop_redis_cpu, fast_cpu = 0.0, 0.0, (0.0, 0.0, 0.0)
+    noop_cpu, fast_cpu = [0.0] * 4, [0.0] * 4  # routers, workers, Redis, RabbitMQ
     for _ in range(rounds):  # side by side, alternating, so the machine's drift hits both
         noop_rates.append(_noops(settings, broker, noops))
-        lap = cpu.lap()
-        noop_cpu, noop_redis_cpu = noop_cpu + lap[1], noop_redis_cpu + lap[2]
+        noop_cpu = [a + b for a, b in zip(noop_cpu, cpu.lap(), strict=True)]
         fast = _phase(api, feed, "ops.bench.fleet:fast_agent", fast_n, probes)
-        lap = cpu.lap()
-        fast_cpu = (fast_cpu[0] + lap[0], fast_cpu[1] + lap[1], fast_cpu[2] + lap[2])
+        fast_cpu = [a + b for a, b in zip(fast_cpu, cpu.lap(), strict=True)]
         step_rates.append(fast["rate"])
         ratios.append(fast["rate"] / noop_rates[-1])
         fasts.append(fast)
@@ -214,11 +213,19 @@ def _phases(
         "follow_on_share": round(statistics.median(f["follow_on"] for f in fasts), 3),
         "follow_on_share_latency": round(slow["follow_on"], 3),
         "unfinished": sum(f["unfinished"] for f in fasts) + slow["unfinished"],
-        "worker_cpu_ms_per_noop": round(noop_cpu * 1000 / (noops * rounds), 3),
-        "redis_cpu_ms_per_noop": round(noop_redis_cpu * 1000 / (noops * rounds), 3),
+        "worker_cpu_ms_per_noop": round(noop_cpu[1] * 1000 / (noops * rounds), 3),
+        "redis_cpu_ms_per_noop": round(noop_cpu[2] * 1000 / (noops * rounds), 3),
         "worker_cpu_ms_per_step": round(fast_cpu[1] * 1000 / steps, 3),
         "router_cpu_ms_per_step": round(fast_cpu[0] * 1000 / steps, 3),
         "redis_cpu_ms_per_step": round(fast_cpu[2] * 1000 / steps, 3),
+        **(
+            {
+                "rabbitmq_cpu_ms_per_noop": round(noop_cpu[3] * 1000 / (noops * rounds), 3),
+                "rabbitmq_cpu_ms_per_step": round(fast_cpu[3] * 1000 / steps, 3),
+            }
+            if cpu.broker_pid
+            else {}
+        ),
     }
 
 
@@ -227,23 +234,38 @@ def _local(settings: Settings) -> bool:
     return any(h in settings.redis_url for h in ("127.0.0.1", "localhost"))
 
 
-class _Cpu:
-    """CPU seconds of the routers, the workers and the Redis server between laps."""
+def _rabbitmq_pid() -> int:
+    """The PID of this machine's RabbitMQ (its Erlang VM), or 0 when none runs here."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "comm").read_text().strip() != "beam.smp":
+                continue
+            if b"rabbit" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except OSError:
+            continue
+    return 0
 
-    def __init__(self, fleet: LocalFleet, redis_pid: int) -> None:
-        self.fleet, self.redis_pid = fleet, redis_pid
+
+class _Cpu:
+    """CPU seconds of the routers, the workers, the Redis server and (when it runs here) the
+    RabbitMQ server between laps."""
+
+    def __init__(self, fleet: LocalFleet, redis_pid: int, broker_pid: int) -> None:
+        self.fleet, self.redis_pid, self.broker_pid = fleet, redis_pid, broker_pid
         self.last = self._read()
 
-    def _read(self) -> tuple[float, float, float]:
+    def _read(self) -> tuple[float, ...]:
         return (
             self.fleet.cpu_s("r1", "r2"),
             self.fleet.cpu_s(*WORKERS),
             process_cpu_s(self.redis_pid) if self.redis_pid else 0.0,
+            process_cpu_s(self.broker_pid) if self.broker_pid else 0.0,
         )
 
-    def lap(self) -> tuple[float, float, float]:
+    def lap(self) -> tuple[float, ...]:
         now = self._read()
-        out = (now[0] - self.last[0], now[1] - self.last[1], now[2] - self.last[2])
+        out = tuple(b - a for a, b in zip(self.last, now, strict=True))
         self.last = now
         return out
 
