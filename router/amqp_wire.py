@@ -171,6 +171,7 @@ class _Confirms:
     last: int
     acked: set[int] = field(default_factory=set)
     nacked: set[int] = field(default_factory=set)
+    returned: set[str] = field(default_factory=set)  # task ids the broker could not route
     upto: int = 0  # every tag up to this one was answered by a ``multiple`` confirm
 
     def answer(self, tag: int, multiple: bool, ok: bool) -> None:
@@ -193,7 +194,9 @@ class AmqpPublisher:
     everything buffered, in order, and returns once the broker confirmed all of it. Whatever it
     did not confirm stays buffered, in order, and :class:`StoreUnavailable` is raised after
     bounded retries; a message whose confirm was lost may so arrive twice, and the second finds
-    its version stale (as a redelivery would). Not thread-safe: one per sending loop.
+    its version stale (as a redelivery would). Messages are mandatory: one the broker could not
+    route (its queue deleted since this connection declared it) comes back, and goes again
+    after the queue is declared again. Not thread-safe: one per sending loop.
     """
 
     def __init__(self, app: Celery, settings: Settings) -> None:
@@ -265,7 +268,7 @@ class AmqpPublisher:
                     sent += confirmed
                     if not pending:
                         return sent
-                    error: BaseException = ConfirmTimeout("the broker nacked some messages")
+                    error: BaseException = ConfirmTimeout("the broker nacked or returned some")
                 except amqp.exceptions.PreconditionFailed as exc:
                     self._reset()
                     self.pending = pending + self.pending
@@ -306,6 +309,7 @@ class AmqpPublisher:
                     out.body,
                     exchange="",
                     routing_key=out.queue,
+                    mandatory=True,  # a queue gone since it was declared: returned, not lost
                     serializer="json",
                     headers=out.headers,
                     delivery_mode=2,
@@ -319,7 +323,11 @@ class AmqpPublisher:
             self._batch = None
             raise
         self._batch = None
-        again = [o for i, o in enumerate(batch, first) if i not in confirms.acked]
+        again = [
+            o
+            for i, o in enumerate(batch, first)
+            if i not in confirms.acked or o.headers.get("id") in confirms.returned
+        ]
         return again, len(batch) - len(again)
 
     def _await(self, confirms: _Confirms) -> None:
@@ -353,6 +361,7 @@ class AmqpPublisher:
             channel.confirm_select()
             channel.events["basic_ack"].add(self._on_ack)
             channel.events["basic_nack"].add(self._on_nack)
+            channel.events["basic_return"].add(self._on_return)
         except BaseException:
             _discard(conn)
             raise
@@ -370,6 +379,15 @@ class AmqpPublisher:
     def _on_nack(self, tag: int, multiple: bool) -> None:
         if self._batch is not None:
             self._batch.answer(tag, multiple, False)
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        """The broker could not route a message (its queue was deleted): declare the queue
+        again and send the message again with the next attempt."""
+        log.warning("the broker returned a message for %s: %s", routing_key, exc)
+        self._declared.pop(routing_key, None)
+        headers = getattr(message, "headers", None) or {}
+        if self._batch is not None and "id" in headers:
+            self._batch.returned.add(str(headers["id"]))
 
     def _reset(self) -> None:
         conn, self._conn, self._channel, self._producer = self._conn, None, None, None

@@ -292,3 +292,17 @@ def test_a_worker_boot_waits_for_the_broker_a_bounded_while_then_says_why(
     assert "broker not ready for queue" in caplog.text
     queue = probe_queue(settings, celery_queue(settings, "w1"), attempts=2)
     assert queue.queue_arguments["x-queue-type"] == "quorum"
+
+
+def test_a_queue_deleted_under_the_publisher_is_declared_again_and_loses_nothing(
+    settings: Settings, publishers: list[AmqpPublisher]
+) -> None:
+    publisher = publisher_of(publishers, settings)
+    publisher.turn("w1", payload(0))
+    assert publisher.flush() == 1
+    delete_queues(settings, [celery_queue(settings, "w1")])  # an operator, or x-expires
+    publisher.turn("w1", payload(1))
+    # Returned unrouted, so not counted as sent; the flush declares the queue again and
+    # sends it again.
+    assert publisher.flush() == 1 and publisher.pending == []
+    assert queued(settings, "w1") == [(TURN_TASK, payload(1))]
