@@ -9,7 +9,9 @@ the broker's visibility timeout 300 s, far past the end of the test: every recov
 reconciler's. The stranded trajectories end ``done`` on the surviving worker, as many end
 ``done`` as in the run without the crash, the backend shows one refund and one email per
 ``done`` trajectory, and no ledger goes over its allowance. The worst time from the dead
-worker's last heartbeat to a recovery is printed (a figure, not asserted).
+worker's last heartbeat to a recovery is printed (a figure, not asserted). It runs on Redis
+and on RabbitMQ, where the killed worker's unacknowledged messages go back at once to its own
+queue, which nobody consumes any more.
 """
 
 from __future__ import annotations

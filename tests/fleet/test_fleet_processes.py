@@ -6,7 +6,9 @@ are measured only over admissions made while every tenant had READY work (equal 
 100 each); with the weighted admitter each is within 3 percentage points of its weight share,
 and the same run with FIFO admission misses that band. The support store's state is one Redis
 service every worker shares: a worker is SIGKILLed mid-run and restarted under its name, and
-the store still shows exactly one refund and one email per trajectory that ends ``done``.
+the store still shows exactly one refund and one email per trajectory that ends ``done``. The
+weighted run goes through each broker: Redis, and RabbitMQ (where the restarted worker takes
+back the messages its killed incarnation held, marked redelivered).
 """
 
 from __future__ import annotations
