@@ -185,6 +185,15 @@ class _Confirms:
     def settled(self) -> bool:
         return len(self.acked) + len(self.nacked) >= self.last - self.first + 1
 
+    def unsent(self, batch: list[_Outgoing]) -> list[_Outgoing]:
+        """The messages of ``batch`` (published from tag ``first`` on) the broker did not
+        take: not acknowledged, or returned unrouted (a returned message is acknowledged)."""
+        return [
+            out
+            for tag, out in enumerate(batch, self.first)
+            if tag not in self.acked or out.headers.get("id") in self.returned
+        ]
+
 
 class AmqpPublisher:
     """Task messages through kombu's producer, confirmed by the broker one batch per flush.
@@ -319,15 +328,11 @@ class AmqpPublisher:
                 self._sequence += 1
             self._await(confirms)
         except BaseException:
-            batch[:] = [o for i, o in enumerate(batch, first) if i not in confirms.acked]
+            batch[:] = confirms.unsent(batch)
             self._batch = None
             raise
         self._batch = None
-        again = [
-            o
-            for i, o in enumerate(batch, first)
-            if i not in confirms.acked or o.headers.get("id") in confirms.returned
-        ]
+        again = confirms.unsent(batch)
         return again, len(batch) - len(again)
 
     def _await(self, confirms: _Confirms) -> None:
