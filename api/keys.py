@@ -3,7 +3,10 @@
 A key reads ``rk_<key id>_<secret>``: the key id (8 hex digits) names it in listings and
 revocations, the secret is 32 random bytes (urlsafe base64), shown once at creation. Redis holds
 ``sha256(key)`` only, in one hash ``<prefix>:api:keys`` (hex digest -> the key's JSON grant) and
-an index ``<prefix>:api:key-ids`` (key id -> hex digest); both change together in one ``MULTI``.
+an index ``<prefix>:api:key-ids`` (key id -> hex digest). The two are in two slots of a Redis
+Cluster, so no ``MULTI`` spans them: the index is written before the grant and the grant deleted
+before the index, so a key that works is always in the index (a failure between leaves an index
+entry without a grant, which lists nothing and a revocation clears).
 A key of the ``operator`` scope administers the fleet and names no tenant.
 """
 
@@ -113,10 +116,8 @@ class KeyRing:
             raise InvalidInput(f"key refused: {exc}") from None
         key = f"rk_{key_id}_{secrets.token_urlsafe(32)}"
         hashed = digest(key)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(self.keys_key, hashed, grant.model_dump_json())
-        pipe.hset(self.ids_key, key_id, hashed)
-        pipe.execute()
+        self.client.hset(self.ids_key, key_id, hashed)  # the index first (module docstring)
+        self.client.hset(self.keys_key, hashed, grant.model_dump_json())
         return key, grant
 
     def verify(self, key: str) -> Grant | None:
@@ -146,10 +147,8 @@ class KeyRing:
         hashed = self.client.hget(self.ids_key, key_id)
         if hashed is None:
             return False
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hdel(self.keys_key, cast(bytes, hashed).decode())
-        pipe.hdel(self.ids_key, key_id)
-        pipe.execute()
+        self.client.hdel(self.keys_key, cast(bytes, hashed).decode())  # the key stops working
+        self.client.hdel(self.ids_key, key_id)
         return True
 
 

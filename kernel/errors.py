@@ -153,5 +153,9 @@ class StoreUnavailable(StoreError):
     """The store stayed unreachable through bounded retries; the message says what is unknown."""
 
 
+class UnsupportedLayout(StoreError):
+    """The Redis store's keys are in a layout this build does not read; nothing is written."""
+
+
 class ClaimLapsed(StaleNomination):
     """A Redis admitter claim that is no longer pending: withdrawn, or reaped with its quota."""

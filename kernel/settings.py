@@ -29,6 +29,12 @@ class Settings(BaseModel):
     sqlite_path: str = Field(".reins/reins.db", description="embedded store file")
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(5.0, gt=0)
+    member_retention_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a ring member with no heartbeat for this long is deleted from the membership "
+        "(lapsed members stay listed, out of the ring, until then)",
+    )
     visibility_timeout_s: float = Field(300.0, gt=0)
     max_turn_s: float = Field(
         60.0, gt=0, description="the longest a turn's model call or tool call may take"
@@ -44,6 +50,17 @@ class Settings(BaseModel):
         gt=0,
         description="an ended run's open calls are reconciled this long after a router first "
         "sees it owing, and again as often while it still owes (unset: REINS_MAX_TURN_S)",
+    )
+    retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="a finished trajectory that owes nothing is deleted (record, chain, index) "
+        "this long after its last chain row; a tenant's retention_days in the fleet's "
+        "configuration overrides it",
+    )
+    redis_cluster: bool = Field(
+        False,
+        description="the store's Redis is a Redis Cluster (implied by a redis+cluster:// URL)",
     )
     redis_retry_attempts: int = Field(5, ge=1, le=50)
     redis_connect_timeout_s: float = Field(2.0, gt=0, description="connecting to any Redis")
@@ -98,6 +115,12 @@ class Settings(BaseModel):
                 f"REINS_HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}) must be above twice "
                 f"REINS_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}): one late heartbeat "
                 "would declare a live member dead"
+            )
+        if self.member_retention_s <= self.heartbeat_timeout_s:
+            raise ValueError(
+                f"REINS_MEMBER_RETENTION_S ({self.member_retention_s}) must be above "
+                f"REINS_HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}): a member would be "
+                "deleted before it counts as lapsed"
             )
         if self.visibility_timeout_s <= self.max_turn_s:
             raise ValueError(

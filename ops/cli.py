@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kernel.errors import InvalidInput, ReinsError
+from kernel.errors import ReinsError
 from ops import bench as benchmarks
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -25,20 +25,26 @@ def bench_cmd(
     name: str = typer.Argument(..., help="benchmark: " + ", ".join(benchmarks.BENCHMARKS)),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     quick: bool = typer.Option(False, "--quick", help="a smaller run, for a smoke test"),
+    cluster: bool = typer.Option(
+        False, "--cluster", help="store: on a three-master Redis Cluster the bench starts"
+    ),
+    trajectories: int | None = typer.Option(
+        None, "--trajectories", help="bench scale: trajectories to simulate"
+    ),
     broker: str | None = typer.Option(
-        None, "--broker", help="fleet only: the broker, redis (the default) or amqp (RabbitMQ)"
+        None, "--broker", help="fleet: the broker, redis (the default) or amqp (RabbitMQ)"
     ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
-    options: dict[str, object] = {"quick": quick}
-    if broker is not None:
-        if name != "fleet":
-            raise InvalidInput(f"--broker: only the fleet benchmark takes a broker, not {name!r}")
-        options["broker"] = broker
+    if trajectories is not None and trajectories < 1:
+        raise typer.BadParameter(f"--trajectories must be at least 1, got {trajectories}")
+    options = benchmarks.options(
+        name, run, cluster=cluster, trajectories=trajectories, broker=broker
+    )
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
-        result = run(**options)
+        result = run(quick=quick, **options)
     if as_json:
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
         return
@@ -61,11 +67,13 @@ def _register_subcommands() -> None:
     cli_fleet.register(app)
     cli_run.register(app)
     cli_trace.register(app)
-    from ops import cli_limits, cli_memory, cli_ring
+    from ops import cli_limits, cli_memory, cli_retention, cli_ring, cli_store
 
     app.add_typer(cli_ring.ring_app, name="ring")
     app.add_typer(cli_memory.memory_app, name="memory")
+    app.add_typer(cli_store.store_app, name="store")
     cli_limits.register(app)
+    cli_retention.register(app)
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
-"""``reins doctor``: the state of the fleet's feed, for a person or a script.
+"""``reins doctor``: the state of the fleet's feed and its Redis, for a person or a script.
 
 Reads (and never writes) the Redis named by ``REINS_REDIS_URL`` under ``REINS_KEY_PREFIX``: the
 length of each stream of the feed (notices, hand-backs, dead letters) and how much of it is
 taken and not acknowledged; each router's pending entries with how long they have been idle
 (a router that died leaves them, and another takes them over once they are idle longer than
-``REINS_HEARTBEAT_TIMEOUT_S``); and the dead letters, newest first. Design:
+``REINS_HEARTBEAT_TIMEOUT_S``); the dead letters, newest first; and where the server's
+configuration contradicts what reins assumes of it (:mod:`ops.redis_durability`). Design:
 ``docs/adr/0045-durable-feed.md``.
 """
 
@@ -25,6 +26,7 @@ from rich.table import Table
 
 from kernel.settings import Settings
 from ops.cli_redis import fleet_redis
+from ops.redis_durability import read_durability
 from router.feed import Feed, FeedSource
 from router.streams import DeadLetter, PendingEntry, dead_letters, pending_counts, pending_entries
 
@@ -114,13 +116,18 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     limit: int = typer.Option(20, "--limit", min=1, help="dead letters and pending entries shown"),
 ) -> None:
-    """The feed: stream lengths, each router's pending entries, the dead letters."""
+    """The feed: stream lengths, each router's pending entries, the dead letters; and where
+    Redis's configuration contradicts what reins assumes (append-only file, no eviction)."""
     settings = Settings.from_env(os.environ)
     with fleet_redis(settings) as (_, client):
         health = read_health(client, settings.key_prefix, limit)
+        durability = read_durability(client)
     if as_json:
-        sys.stdout.write(json.dumps(health.as_json(), sort_keys=True) + "\n")
+        view = {**health.as_json(), "durability": durability.as_json()}
+        sys.stdout.write(json.dumps(view, sort_keys=True) + "\n")
         return
+    for warning in durability.warnings:
+        console.print(f"[bold yellow]warning:[/] {warning}")
     console.print(f"feed of [bold]{settings.key_prefix}[/] on {settings.redis_url}")
     console.print(_streams_table(health))
     console.print(_pending_table(health))

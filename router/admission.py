@@ -9,6 +9,8 @@ whose nominations are claims exclusive across router replicas.
 * Each nomination is resolved once, by ``confirm``, ``decline`` or a ``withdraw`` of its
   trajectory; resolving one that no longer holds raises :class:`~kernel.errors.StaleNomination`
   and changes nothing. Resolved one by one, both admit the same calls in the same order.
+* An admitted call's turn is in flight until ``release``; a tenant with ``max_in_flight``
+  turns in flight is passed over where it stands (``docs/adr/0123-tenant-caps.md``).
 Design: ``docs/adr/0001-weighted-drr-admission.md``.
 """
 
@@ -81,6 +83,16 @@ class AdmissionQueue(Protocol):
         as closed for the rest of this call. Provider gates: in memory pass
         ``MemoryGates.check`` as ``check``; the Redis admitter debits the gate in its claim.
         """
+        ...
+
+    def release(self, tenant: str, trajectory_id: str, claim_id: str = "") -> bool:
+        """The trajectory's turn ended: it leaves its tenant's turns in flight, so a tenant at
+        its ``max_in_flight`` may be admitted again. Idempotent; False if it was not in flight
+        (or, given ``claim_id``, was admitted again under another claim since)."""
+        ...
+
+    def in_flight(self, tenant: str) -> int:
+        """How many of the tenant's admitted turns have not ended."""
         ...
 
     def figures(self) -> FairnessFigures:

@@ -67,6 +67,10 @@ class Admitter:
         self._lanes = LaneIndex(config)
         self._lane_of, self._class_of = self._lanes.lane_of, self._lanes.class_of
         self._where: dict[str, tuple[int, int, ReadyCall]] = {}
+        # Per lane: its turns in flight, its cap (0: none); the lanes at their cap (ADR 0123).
+        self._flying: list[set[str]] = [set() for _ in config.tenants]
+        self._limits = [t.max_in_flight or 0 for t in config.tenants]
+        self._full: set[int] = set()
         self._book = FairnessBook(
             names=[t.name for t in config.tenants],
             weights=[t.weight for t in config.tenants],
@@ -169,7 +173,14 @@ class Admitter:
     # --- hot path -----------------------------------------------------------------------------
 
     def nominate(self) -> Nomination | None:
-        """The next call by weighted deficit round-robin, or None if nothing can be admitted."""
+        """The next call by weighted deficit round-robin, or None if nothing can be admitted.
+
+        A tenant with as many turns in flight as its ``max_in_flight`` is passed over where it
+        stands (:func:`router.drr.nominate`'s ``skip``: its place and credit kept, no quantum
+        earned while it waits), so it blocks no other tenant.
+        """
+        if self._full:
+            return drr.nominate(self._state, set(self._full))
         return drr.nominate(self._state)
 
     def confirm(self, nomination: Nomination) -> float:
@@ -181,6 +192,7 @@ class Admitter:
         drr.confirm(self._state, nomination)
         call = nomination.call
         del self._where[call.trajectory_id]
+        self._fly(nomination.lane, call.trajectory_id)
         now = self._clock()
         wait = now - call.ready_at
         self._book.record(nomination.lane, call.charge, wait, now)
@@ -189,6 +201,15 @@ class Admitter:
     def decline(self, nomination: Nomination) -> None:
         """Refuse a nomination: no credit moves, the call stays READY at the head of its queue."""
         drr.decline(self._state, nomination)
+        state, index = self._state, nomination.lane
+        lane = state.lanes[index]
+        if self._full and lane.listed == drr.NEW and lane.queued == 1 and state.new[0] != index:
+            # Nominated past a capped lane ahead of it in the new list, with its last call: the
+            # shared admitter's claim emptied it, which moved it to the tail of old, and its
+            # decline leaves it there. Do the same, so both twins go on alike (ADR 0123).
+            state.new.remove(index)
+            state.old.append(index)
+            lane.listed = drr.OLD
 
     def admit_next(self, check: Callable[[ReadyCall], bool]) -> ReadyCall | None:
         """Nominate, run ``check`` on the call, and confirm it; the admitted call or None.
@@ -203,7 +224,7 @@ class Admitter:
         cannot spin.
         """
         state = self._state
-        refused: set[int] = set()
+        refused: set[int] = set(self._full)  # tenants at their cap: passed over as refused
         closed: set[str] = set()
         for _ in range(len(state.new) + len(state.old)):
             nomination = drr.nominate(state, refused, closed)
@@ -217,6 +238,42 @@ class Admitter:
             if call.route:
                 closed.add(call.route)
         return None
+
+    # --- turns in flight ------------------------------------------------------------------------
+
+    def release(self, tenant: str, trajectory_id: str, claim_id: str = "") -> bool:
+        """The turn of ``trajectory_id`` (admitted by :meth:`confirm`) ended: it no longer counts
+        against its tenant's ``max_in_flight``. Idempotent: False if it was not in flight.
+        ``claim_id`` is the shared admitter's guard; in memory one owner admits and ends turns
+        in order, so it is not needed."""
+        lane = self._lane_of.get(tenant)
+        if lane is None or lane >= len(self._flying):
+            return False
+        flying = self._flying[lane]
+        if trajectory_id not in flying:
+            return False
+        flying.remove(trajectory_id)
+        if len(flying) < self._limits[lane]:
+            self._full.discard(lane)
+        return True
+
+    def running(self, tenant: str, trajectory_id: str) -> None:
+        """Count a turn admitted before this admitter was built (read from the store when a
+        router takes the admitter over) as in flight, until :meth:`release`."""
+        lane = self._lane_of.get(tenant)
+        if lane is not None and lane < len(self._flying):
+            self._fly(lane, trajectory_id)
+
+    def _fly(self, lane: int, trajectory_id: str) -> None:
+        flying = self._flying[lane]
+        flying.add(trajectory_id)
+        if self._limits[lane] and len(flying) >= self._limits[lane]:
+            self._full.add(lane)
+
+    def in_flight(self, tenant: str) -> int:
+        """How many of ``tenant``'s admitted turns have not ended (0 for an unknown tenant)."""
+        lane = self._lane_of.get(tenant)
+        return 0 if lane is None or lane >= len(self._flying) else len(self._flying[lane])
 
     # --- figures ------------------------------------------------------------------------------
 

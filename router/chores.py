@@ -20,7 +20,8 @@ from typing import Any
 import redis
 
 from kernel.errors import EmptyRing, ReinsError
-from kernel.states import LifecycleState
+from kernel.record import TrajectoryRecord
+from kernel.states import ACTING, LifecycleState
 from router.agents import AgentCache
 from router.boot import Outbox
 from router.claims import store_readiness
@@ -119,13 +120,14 @@ class AdmitterLease:
 def rebuild_queues(
     store: TrajectoryStore, tenants: Iterable[str], agents: AgentCache, dispatcher: Dispatcher
 ) -> int:
-    """Queue every READY trajectory from the store (oldest first) and take a gate lease for
-    every turn in flight (it expires after its ttl, as its holder's would); returns how many
-    were queued."""
+    """Queue every READY trajectory from the store (oldest first), count every acting one as a
+    turn in flight of its tenant (its ``max_in_flight``, ADR 0123), and take a gate lease for
+    every model call in flight (it expires after its ttl, as its holder's would); returns how
+    many were queued."""
     records = []
-    gates = dispatcher.gates
+    running = getattr(dispatcher.admitter, "running", None)  # the in-process admitter's
     for tenant in tenants:
-        for state in (LifecycleState.READY, LifecycleState.CALLING_MODEL):
+        for state in (LifecycleState.READY, *sorted(ACTING)):
             for tid in store.list(tenant, state):
                 try:
                     records.append(store.load(tenant, tid))
@@ -142,9 +144,25 @@ def rebuild_queues(
         if rec.state is LifecycleState.READY:
             dispatcher.requeue(ready_notice(rec, "", time.time(), route))
             queued += 1
-        elif gates is not None and dispatcher.route_for(route):
-            gates.debit(route, f"{rec.trajectory_id}/m{rec.turn}", 1)
+        else:
+            _running(rec, route, dispatcher, running)
     return queued
+
+
+def _running(
+    rec: TrajectoryRecord,
+    route: str,
+    dispatcher: Dispatcher,
+    running: Callable[[str, str], None] | None,
+) -> None:
+    """An acting trajectory found by :func:`rebuild_queues`: a turn in flight of its tenant,
+    and a gate lease for its model call in flight."""
+    if running is not None:
+        running(rec.tenant, rec.trajectory_id)
+    gates = dispatcher.gates
+    calling = rec.state is LifecycleState.CALLING_MODEL
+    if calling and gates is not None and dispatcher.route_for(route):
+        gates.debit(route, f"{rec.trajectory_id}/m{rec.turn}", 1)
 
 
 @dataclass

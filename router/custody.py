@@ -4,12 +4,13 @@ A router records each turn in the custody of the member it sends it to before it
 message (a member that admits a follow-on turn itself records it before its admission commits);
 the worker releases it after pushing the turn's notice (a release names its version, so a late
 one never drops a newer entry). The reconciler (:mod:`router.reconcile`) takes the entries of a
-lapsed member and recovers their turns. Keys (one hash tag for the two-key scripts)::
+lapsed member and recovers their turns. Keys, under the feed's hash tag (the two-key scripts
+run in its slot, and a worker's notice and release stay one ordered batch; :mod:`router.keyspace`)::
 
-    {P:custody}:m:<member>   hash   "<tenant>/<trajectory>" -> "<version>:<epoch>:<call id>"
-    {P:custody}:members      set    the members that have (or had) turns in custody
-    P:fleet:recoveries       list   one JSON entry per recovery (member, trajectory, seconds
-                                    from the last heartbeat, router)
+    {P:fleet}:custody:m:<member>   hash   "<tenant>/<trajectory>" -> "<version>:<epoch>:<call id>"
+    {P:fleet}:custody:members      set    the members that have (or had) turns in custody
+    {P:fleet}:recoveries           list   one JSON entry per recovery (member, trajectory,
+                                          seconds from the last heartbeat, router)
 
 Design: ``docs/adr/0008-turn-recovery.md``.
 """
@@ -28,6 +29,7 @@ import redis
 from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
 from kernel.states import ACTING
+from router.keyspace import fleet_tag
 from router.turn_message import TurnMessage
 from store.redis_client import Batch, direct_batch, retry_transient, script_reply, text
 
@@ -127,9 +129,10 @@ class Custody:
 
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self.client = client
-        self.tag = f"{{{prefix}:custody}}"
+        tag = fleet_tag(prefix)
+        self.tag = f"{tag}:custody"
         self.members_key = f"{self.tag}:members"
-        self.recoveries_key = f"{prefix}:fleet:recoveries"
+        self.recoveries_key = f"{tag}:recoveries"
         self._release = client.register_script(_RELEASE)
         self._forget = client.register_script(_FORGET)
         self._orphan = client.register_script(_ORPHAN)

@@ -49,6 +49,13 @@ _T = TypeVar("_T")
 Sender = Callable[[str, dict[str, Any]], None]
 
 
+#: Up to this many configured tenants each admission is marked with whether every tenant had a
+#: call READY (the admissions feed's ``b``). Telling reads every tenant's queue depth (in the
+#: claim script, for the shared admitter), so past it the mark is not computed and is False:
+#: at 10,000 tenants the read cost 25 ms of Redis per admission (``docs/adr/0191``).
+BACKLOG_MARK_UP_TO = 64
+
+
 def placement_key(tenant: str, trajectory_id: str) -> str:
     """The ring key of a trajectory (tenant-scoped, stable for its whole life)."""
     return f"{tenant}/{trajectory_id}"
@@ -118,13 +125,14 @@ class Dispatcher:
     # --- intake --------------------------------------------------------------------------------
 
     def intake(self, notices: Sequence[Notice]) -> None:
-        """Settle each notice's gate lease and requeue READY trajectories."""
+        """Settle each notice's gate lease, end its turn in flight, requeue READY trajectories."""
         ready = []
         for n in notices:
             if self.gates is not None and n.lease_route:
                 self._settle(self.gates, n)
             if n.kind is NoticeKind.READY:
                 ready.append(n)
+        self._end_turns(notices)
         if not ready:
             return
         many = getattr(self.admitter, "requeue_many", None)
@@ -152,6 +160,24 @@ class Dispatcher:
         if n.lease:
             gates.settle(n.lease_route, n.lease, n.used_tokens if n.used_tokens >= 0 else None)
             self.figures.settled += 1
+
+    def _end_turns(self, notices: Sequence[Notice]) -> None:
+        """The notices' turns leave their tenants' turns in flight (ADR 0123). On the shared
+        admitter only a notice that carries its turn's claim (the lease) ends it, and only while
+        the entry still names that claim: the notice of a duplicate message, which carries
+        none, cannot end the turn that runs now. A local admitter ends every turn's."""
+        if self.shared:
+            turns = [(n.tenant, n.trajectory_id, n.lease) for n in notices if n.lease]
+        else:
+            turns = [(n.tenant, n.trajectory_id, "") for n in notices if n.call_id]
+        if not turns:
+            return
+        many = getattr(self.admitter, "release_many", None)
+        if many is not None:
+            many(turns)
+            return
+        for tenant, tid, claim in turns:
+            self.admitter.release(tenant, tid, claim)
 
     def requeue(self, n: Notice) -> None:
         """Queue a READY trajectory with its next call's charge; duplicates are ignored."""
@@ -222,24 +248,30 @@ class Dispatcher:
         ring = self.ring()
         if not any(not m.draining for m in ring.members):
             return 0
+        marks = self._marks_backlog()
         if self.shared:
-            return self._admit_claims(limit, ring)
+            return self._admit_claims(limit, ring, marks)
         admitted = 0
         while admitted < limit and self.room():
             nomination = self.admitter.nominate()
             if nomination is None:
                 break
-            depths = list(self.depths()) if self.depths is not None else []
+            depths = list(self.depths()) if self.depths is not None and marks else []
             if not self._admit_local(nomination, depths, ring):
                 break
             admitted += 1
         return admitted
 
-    def _admit_claims(self, limit: int, ring: Ring) -> int:
+    def _marks_backlog(self) -> bool:
+        """Whether admissions are marked backlogged (at most BACKLOG_MARK_UP_TO tenants)."""
+        config = getattr(self.admitter, "config", None)
+        return config is None or len(config.tenants) <= BACKLOG_MARK_UP_TO
+
+    def _admit_claims(self, limit: int, ring: Ring, marks: bool) -> int:
         """The shared admitter: claim a batch, admit each, confirm the batch (3 round trips
         beside each trajectory's own load and compare-and-set)."""
         admitter: Any = self.admitter
-        batch = admitter.claim_many(limit, 1, depths=True)
+        batch = admitter.claim_many(limit, 1, depths=marks)
         if batch.refused:
             self.observer.on_gate_refused(
                 provider_of(batch.refused_route), batch.reason, batch.refused

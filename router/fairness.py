@@ -107,8 +107,10 @@ class FairnessBook:
         self._window_s = window_s
         self._tallies = [_Tally(len(self._bounds) + 1) for _ in names]
         self._slot_s = window_s / WINDOW_SLOTS
-        self._slots: deque[tuple[int, list[int]]] = deque()  # (slot index, charge per tenant)
-        self._current = [0] * len(names)
+        # (slot index, charge by tenant index): sparse, so a slot costs the tenants it admitted,
+        # not every configured tenant (10,000 of them turn a 1 s roll into a 10,000-entry list)
+        self._slots: deque[tuple[int, dict[int, int]]] = deque()
+        self._current: dict[int, int] = {}
         self._slot_index = 0
         self._slot_end = self._slot_s
 
@@ -121,13 +123,14 @@ class FairnessBook:
         tally.hist[bisect_left(self._bounds, wait_s)] += 1
         if now >= self._slot_end:
             self._roll(now)
-        self._current[lane] += charge
+        current = self._current
+        current[lane] = current.get(lane, 0) + charge
 
     def _roll(self, now: float) -> None:
         """Close the current slot, open the one holding ``now``, drop slots out of the window."""
-        if any(self._current):
+        if self._current:
             self._slots.append((self._slot_index, self._current))
-            self._current = [0] * len(self._names)
+            self._current = {}
         index = int(now // self._slot_s)
         self._slot_index = index
         self._slot_end = (index + 1) * self._slot_s
@@ -141,9 +144,9 @@ class FairnessBook:
         """Figures as of ``now``; depths and credits come from the scheduler state."""
         if now >= self._slot_end:
             self._roll(now)
-        window = list(self._current)
-        for _, charges in self._slots:
-            for i, c in enumerate(charges):
+        window = [0] * len(self._names)
+        for charges in (self._current, *(charges for _, charges in self._slots)):
+            for i, c in charges.items():
                 window[i] += c
         tenants = []
         normalised = []

@@ -1,27 +1,29 @@
 """The wire between routers and workers: turn messages, turn-end notices and cancels.
 
 A router sends one :class:`TurnMessage` per turn through Celery to the member the ring names;
-everything else travels through Redis under the key prefix ``P`` (plain keys, one per
-operation, so the layout also fits Redis Cluster):
+everything else travels through Redis under the fleet's hash tag ``{P:fleet}`` (P the key
+prefix; one slot of a Redis Cluster, shared with custody, so a worker's notice and its custody
+release stay one ordered batch: :mod:`router.keyspace`):
 
-========================  ========  ==========================================================
-``P:fleet:notices``       stream    :class:`Notice` values (XADD): a trajectory is READY
-                                    (submitted, or its turn ended so), or a turn ended
-                                    otherwise (held, finished, idle); routers read it in the
-                                    group ``routers`` and acknowledge a notice once its effect
-                                    is durable (:mod:`router.streams`)
-``P:fleet:handbacks``     stream    :class:`HandBack` values: turn messages a member gave back
-                                    unstarted (its drain grace ran out, or it cannot read the
-                                    record); a router sends each on to another member, then
-                                    acknowledges it
-``P:fleet:dead``          stream    dead letters: entries of either stream that did not decode,
-                                    with the error, the raw bytes and the source
-``P:fleet:cancel``        channel   pub/sub: model call ids to cancel at once (``CancelCall``)
-``P:fleet:admissions``    list      one JSON entry per admission, for the fairness figures
-``P:fleet:starts``        list      admission-to-start delays (ms) that workers report
-``P:fleet:admitter``      string    the lease of the router that admits, while the admitter
-                                    is local to a router process (see :mod:`router.chores`)
-========================  ========  ==========================================================
+============================  ========  ======================================================
+``{P:fleet}:notices``         stream    :class:`Notice` values (XADD): a trajectory is READY
+                                        (submitted, or its turn ended so), or a turn ended
+                                        otherwise (held, finished, idle); routers read it in
+                                        the group ``routers`` and acknowledge a notice once its
+                                        effect is durable (:mod:`router.streams`)
+``{P:fleet}:handbacks``       stream    :class:`HandBack` values: turn messages a member gave
+                                        back unstarted (its drain grace ran out, or it cannot
+                                        read the record); a router sends each on to another
+                                        member, then acknowledges it
+``{P:fleet}:dead``            stream    dead letters: entries of either stream that did not
+                                        decode, with the error, the raw bytes and the source
+``P:fleet:cancel``            channel   pub/sub: model call ids to cancel at once
+                                        (``CancelCall``); a channel has no slot
+``{P:fleet}:admissions``      list      one JSON entry per admission, for the fairness figures
+``{P:fleet}:starts``          list      admission-to-start delays (ms) that workers report
+``{P:fleet}:admitter``        string    the lease of the router that admits, while the admitter
+                                        is local to a router process (see :mod:`router.chores`)
+============================  ========  ======================================================
 
 Every turn message a worker takes ends in exactly one notice or one hand-back. A notice is a
 hint, never the truth: a router re-reads the record before acting on it, so one delivered twice
@@ -46,6 +48,7 @@ import redis
 from kernel.errors import InvalidInput
 from kernel.record import TrajectoryRecord
 from kernel.render import Estimator, estimate_tokens, render
+from router.keyspace import fleet_tag, pre_cluster_streams
 from router.streams import (
     GroupLag,
     GroupReader,
@@ -53,6 +56,7 @@ from router.streams import (
     Taken,
     append,
     ensure_group,
+    entry_value,
     execute,
     group_lag,
 )
@@ -258,15 +262,18 @@ class Feed:
         on_poison: PoisonReport | None = None,
     ) -> None:
         self.client, self.router = client, router
-        self.notices_key = f"{prefix}:fleet:notices"
-        self.handbacks_key = f"{prefix}:fleet:handbacks"
-        self.dead_key = f"{prefix}:fleet:dead"
+        tag = fleet_tag(prefix)
+        self.notices_key = f"{tag}:notices"
+        self.handbacks_key = f"{tag}:handbacks"
+        self.dead_key = f"{tag}:dead"
         self.cancel_channel = f"{prefix}:fleet:cancel"
-        self.admissions_key = f"{prefix}:fleet:admissions"
-        self.starts_key = f"{prefix}:fleet:starts"
-        self.lease_key = f"{prefix}:fleet:admitter"
-        # The lists of the build before streams, drained by drain_legacy (remove in 0.x+1).
+        self.admissions_key = f"{tag}:admissions"
+        self.starts_key = f"{tag}:starts"
+        self.lease_key = f"{tag}:admitter"
+        # What older builds still append to, drained by drain_legacy (remove in 0.x+1): the
+        # lists of the build before streams, and the streams of the build before the tag.
         self.legacy_keys = (f"{prefix}:fleet:ready", f"{prefix}:fleet:handback")
+        self.legacy_streams = pre_cluster_streams(prefix)
         self._reclaim_after_s, self._on_poison = reclaim_after_s, on_poison
         self.notices = self._reader(self.notices_key, FeedSource.NOTICES, Notice.decode)
         self.handbacks = self._reader(self.handbacks_key, FeedSource.HANDBACKS, HandBack.decode)
@@ -364,21 +371,36 @@ class Feed:
         execute(pipe, self.handbacks_key)
 
     def drain_legacy(self, limit: int = 256) -> int:
-        """Move what workers of the build before streams pushed onto the old lists into the
-        streams; how many entries moved. Transitional: lossy as those lists were (an entry is
-        gone if this process dies between the pop and the append)."""
+        """Move what workers of older builds appended to the old lists and the untagged streams
+        into the streams; how many entries moved. From the lists, lossy as those were (an entry
+        is gone if this process dies between the pop and the append); from the old streams, an
+        entry is deleted only once its copy is appended (a router that dies between them leaves
+        a duplicate, and acting on a notice twice is harmless). The old streams are in other
+        slots, so the deletes are a round trip of their own."""
         pipe = self.batch()
         for key in self.legacy_keys:
             pipe.execute_command("LPOP", key, limit)
+        for key in self.legacy_streams:
+            pipe.execute_command("XRANGE", key, "-", "+", "COUNT", limit)
         popped = execute(pipe, self.legacy_keys[0])
-        moved = 0
-        for stream, values in zip((self.notices_key, self.handbacks_key), popped, strict=True):
-            for value in values or ():
+        targets = (self.notices_key, self.handbacks_key)
+        values = [list(vs or ()) for vs in popped[:2]]
+        copied: list[list[Any]] = []
+        for i, entries in enumerate(popped[2:]):
+            copied.append([entry_id for entry_id, _ in entries or ()])
+            values[i] += [v for _, fields in entries or () if (v := entry_value(fields))]
+        moved = sum(len(vs) for vs in values)
+        for stream, vs in zip(targets, values, strict=True):
+            for value in vs:
                 append(pipe, stream, value)
-                moved += 1
         if moved:
             execute(pipe, self.notices_key)
-            log.warning("moved %d entries of the pre-stream feed lists into the streams", moved)
+            log.warning("moved %d entries of older builds' feed keys into the streams", moved)
+        for old, ids in zip(self.legacy_streams, copied, strict=True):
+            if ids:
+                pipe.execute_command("XDEL", old, *ids)
+        if any(copied):
+            execute(pipe, self.legacy_streams[0])
         return moved
 
     # --- cancels -------------------------------------------------------------------------------

@@ -134,6 +134,14 @@ class FifoAdmitter:
         self.confirm(nomination)
         return nomination.call
 
+    def release(self, tenant: str, trajectory_id: str, claim_id: str = "") -> bool:
+        """Nothing to release: the FIFO baseline keeps no turns in flight and no caps."""
+        return False
+
+    def in_flight(self, tenant: str) -> int:
+        """Always 0: the FIFO baseline keeps no turns in flight (it ignores max_in_flight)."""
+        return 0
+
     def depths(self) -> list[int]:
         """READY calls queued per tenant, in configuration order."""
         return list(self._depth)

@@ -45,7 +45,8 @@ class LaneIndex:
         self.config = config
         layout = config_layout(config) if layout is None else layout
         by_name = {t.name: t for t in config.tenants}
-        missing = [name for name in by_name if name not in {n for n, _ in layout}]
+        laid_out = {n for n, _ in layout}
+        missing = [name for name in by_name if name not in laid_out]
         if missing:
             raise ValueError(f"layout has no lane for tenants {missing}")
         #: Per lane: the tenant's configuration (a placeholder for a retired tenant).
@@ -61,6 +62,8 @@ class LaneIndex:
             set(t.class_names) if live else set(cs)
             for t, live, (_, cs) in zip(self.tenants, self.live, layout, strict=True)
         ]
+        #: Per lane: the number of its first class (where a call naming none goes).
+        self._first = [self.class_of[i][t.class_names[0]] for i, t in enumerate(self.tenants)]
         #: The lane of each tenant of the configuration, in its order.
         self.configured = [self.lane_of[t.name] for t in config.tenants]
 
@@ -77,13 +80,12 @@ class LaneIndex:
             known = ", ".join(t.name for t in self.config.tenants)
             raise UnknownTenant(f"tenant {tenant!r} is not configured; known: {known}")
         cfg = self.tenants[lane]
-        first = self.class_of[lane][cfg.class_names[0]]
         if service_class is None:
-            return lane, first, cfg
+            return lane, self._first[lane], cfg
         klass = self.class_of[lane].get(service_class)
         if klass is None or service_class not in self._open[lane]:
             if returning:
-                return lane, first, cfg
+                return lane, self._first[lane], cfg
             raise SubmissionRefused(
                 f"tenant {tenant!r} has no service class {service_class!r}; "
                 f"known: {', '.join(cfg.class_names)}"

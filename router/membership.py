@@ -15,9 +15,11 @@ A member whose heartbeat is older than ``heartbeat_timeout_s`` is lapsed, and on
 work while its progress has not moved for ``stall_timeout_s`` is stalled; either is not live (left
 out of the ring, and its turns are recovered); a drain is acknowledged once no live replica's
 published ring places new work on the member. Heartbeat and drain write only while the member is
-registered; removal deletes the whole entry at once. Bad input raises a RingError subclass and
-writes nothing. Time is Redis's ``TIME`` unless a clock is injected. Design:
-``docs/adr/0007-ring-and-membership.md``.
+registered; removal deletes the whole entry at once. A member with no heartbeat for
+``retention_s`` is deleted (:meth:`Membership.prune`; pod names are not reused, so a lapsed one
+would stay listed for ever). Bad input raises a RingError subclass and writes nothing. Time is
+Redis's ``TIME`` unless a clock is injected. Design: ``docs/adr/0007-ring-and-membership.md``,
+``docs/adr/0190-incremental-ring.md``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ _WEIGHT, _HEARTBEAT, _DRAIN, _INCARNATION, _PROGRESS = "w:", "hb:", "d:", "i:", 
 # Beside this module rather than via importlib.resources: an editable install can present
 # ``router`` as a namespace package, which importlib.resources refuses.
 _SET_IF_MEMBER = Path(__file__).with_name("set_if_member.lua")
+_PRUNE = Path(__file__).with_name("prune_members.lua")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +123,19 @@ class Membership:
         stall_timeout_s: float = float("inf"),
         clock: Clock | None = None,
         points_per_weight: int = DEFAULT_POINTS_PER_WEIGHT,
+        retention_s: float = float("inf"),
     ) -> None:
         """Bind to ``client`` under ``key_prefix``; nothing is read or written until asked."""
         if not key_prefix:
             raise ValueError("key_prefix must not be empty")
         if heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s must be positive, got {heartbeat_timeout_s}")
+        if not retention_s > heartbeat_timeout_s:
+            raise ValueError(
+                f"retention_s ({retention_s}) must be above heartbeat_timeout_s "
+                f"({heartbeat_timeout_s})"
+            )
+        self.retention_s = retention_s
         self._client = client
         self.members_key = f"{key_prefix}:ring:members"
         self.replicas_key = f"{key_prefix}:ring:replicas"
@@ -135,6 +145,7 @@ class Membership:
         self.points_per_weight = points_per_weight
         self._clock: Clock = clock if clock is not None else self._redis_time
         self._set_if_member = client.register_script(_SET_IF_MEMBER.read_text())
+        self._prune = client.register_script(_PRUNE.read_text())
 
     # --- writes --------------------------------------------------------------------------------
 
@@ -146,6 +157,7 @@ class Membership:
             settings.key_prefix,
             heartbeat_timeout_s=settings.heartbeat_timeout_s,
             stall_timeout_s=settings.stall_timeout_s,
+            retention_s=settings.member_retention_s,
         )
 
     def register(self, name: str, weight: float = 1.0, incarnation: str = "") -> None:
@@ -200,6 +212,20 @@ class Membership:
         existed, _ = pipe.execute()
         if not existed:
             raise self._unknown(name)
+
+    def prune(self, records: Iterable[MemberRecord] | None = None) -> tuple[str, ...]:
+        """Delete every member whose last heartbeat is more than ``retention_s`` old; returns
+        their names. ``records`` (read a moment ago, or now if None) only nominates: each is
+        checked again atomically, so a heartbeat landing in between keeps its member."""
+        now = self._clock()
+        listed = self.records() if records is None else records
+        stale = [r.name for r in listed if now - r.heartbeat_at > self.retention_s]
+        if not stale:
+            return ()
+        removed = self._prune(keys=[self.members_key], args=[repr(now - self.retention_s), *stale])
+        for name in removed:
+            self._moved.pop(text(name), None)
+        return tuple(text(name) for name in removed)
 
     def publish(self, replica_id: str, ring: Ring) -> None:
         """Publish the ring replica ``replica_id`` built; doubles as that replica's heartbeat."""
@@ -378,10 +404,19 @@ class ReplicaRing:
         return self._ring
 
     def refresh(self) -> Ring:
-        """Read the membership, rebuild the ring if its fingerprint changed, and publish it."""
-        members = self.membership.live_members()
-        fingerprint = ring_fingerprint(members, self.membership.points_per_weight)
-        if self._ring is None or self._ring.fingerprint != fingerprint:
-            self._ring = Ring(members, points_per_weight=self.membership.points_per_weight)
+        """Read the membership, delete members past their retention, move the ring to the live
+        members if its fingerprint changed, and publish it.
+
+        A change is applied by its difference (:meth:`Ring.evolved`: the points of the members
+        that changed), so a join or a leave in a large fleet does not rebuild the whole ring."""
+        records = self.membership.records()
+        self.membership.prune(records)
+        members = tuple(r.as_member() for r in records if r.live)
+        per_weight = self.membership.points_per_weight
+        fingerprint = ring_fingerprint(members, per_weight)
+        if self._ring is None:
+            self._ring = Ring(members, points_per_weight=per_weight)
+        elif self._ring.fingerprint != fingerprint:
+            self._ring = self._ring.evolved(members)
         self.membership.publish(self.replica_id, self._ring)
         return self._ring

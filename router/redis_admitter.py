@@ -36,6 +36,7 @@ from router.redis_claims import FollowOnClaims, RedisClaims
 from router.redis_confirms import ClaimEnds
 from router.redis_figures import RedisFigures
 from router.redis_gates import RedisGates
+from router.redis_inflight import Ended, InFlight
 from router.redis_queue import RedisQueue, Returning
 from router.redis_state import AdmitterState
 from router.tenants import AdmissionConfig
@@ -89,6 +90,7 @@ class RedisAdmitter(AdmissionQueue):
         self._figures = RedisFigures(state)
         self._ends = ClaimEnds(state, self._figures.record)
         self._lapsed = LapsedClaims(state)
+        self._in_flight = InFlight(state)
         self._state = state
         state.install(config, version)
 
@@ -238,6 +240,33 @@ class RedisAdmitter(AdmissionQueue):
         call; a refused tenant is skipped where it stands and its route closed for this call.
         """
         return self._claims.admit_next(check, self.confirm)
+
+    # --- turns in flight (docs/adr/0123-tenant-caps.md) ---------------------------------------
+
+    def release(self, tenant: str, trajectory_id: str, claim_id: str = "") -> bool:
+        """The turn ended: it leaves its tenant's turns in flight if its entry names
+        ``claim_id`` ("": any claim no longer pending). Idempotent; False if nothing left."""
+        return self._in_flight.end([(tenant, trajectory_id, claim_id)]) == 1
+
+    def release_many(self, turns: Iterable[Ended]) -> int:
+        """:meth:`release` for several (tenant, trajectory id, claim id) in one round trip."""
+        return self._in_flight.end(turns)
+
+    def in_flight(self, tenant: str) -> int:
+        """How many of ``tenant``'s turns are in flight across the fleet now."""
+        return self._in_flight.count(tenant)
+
+    def in_flight_page(
+        self, lane: int, cursor: int, count: int
+    ) -> tuple[int, list[tuple[str, str]]]:
+        """A page of ``lane``'s turns in flight whose claim is confirmed or gone (for the drift
+        sweep): (next cursor, 0 when the walk is done; [(trajectory id, claim id), ...])."""
+        return self._in_flight.page(lane, cursor, count)
+
+    def lanes(self) -> list[str]:
+        """The tenant of each lane of the shared state, in lane order (retired ones too)."""
+        self._state.reload()
+        return [t.name for t in self._state.lanes.tenants]
 
     # --- reconciler ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from router.admitter import scheduling_charge
 from router.claims import Claim, ClaimAttempt, ClaimBatch, call_from, claims_from
 from router.drr import ReadyCall
 from router.redis_gates import RedisGates
+from router.redis_inflight import InFlight
 from router.redis_queue import Returning
 from router.redis_state import AdmitterState
 from store.redis_client import text
@@ -103,6 +104,7 @@ class FollowOnClaims:
     def __init__(self, state: AdmitterState, gates: RedisGates | None) -> None:
         self._state = state
         self._gates = gates
+        self._in_flight = InFlight(state)
         self._returning = state.script(
             "queue.lua", "pick.lua", "gates.lua", "returning.lua", "claim.lua"
         )
@@ -121,6 +123,7 @@ class FollowOnClaims:
         if charge > cfg.largest_call_tokens:
             if settle[1] and self._gates is not None:
                 self._gates.settle(settle[0], settle[1], settle[2] if settle[2] >= 0 else None)
+            self._in_flight.end([(tenant, tid, "")])  # its turn ended all the same (ADR 0123)
             return False, None
         call_args = (tid, lane, klass, input_tokens, output_allowance, charge, route or "")
         args = (state.now(), 0, state.claim_ttl, "1", "direct", tid, 1, 0, *settle, *call_args)

@@ -56,9 +56,9 @@ class AdmitterState:
         Version 0 (a file): write it into an empty state, or check the state holds the same one
         (:class:`ConfigError` otherwise, writing nothing). Version >= 1 (the fleet's document):
         reconfigure the live state if it holds an older version (``lua/init.lua``: lanes kept by
-        name, credit clipped to the new cap, new tenants with no credit); if it holds this one
-        or a newer one, only read its layout. Either way :attr:`lanes` follows the state's
-        layout afterwards. Returns True when this call wrote the state.
+        name, credit clipped to the new cap, new tenants with no credit, caps as given); if it
+        holds this one or a newer one, only read its layout. Either way :attr:`lanes` follows
+        the state's layout afterwards. Returns True when this call wrote the state.
         """
         config = self.config if config is None else config
         tenants = [
@@ -69,6 +69,7 @@ class AdmitterState:
                     [c, round(config.quantum_tokens * w)]
                     for c, w in zip(t.class_names, t.class_weights, strict=True)
                 ],
+                t.max_in_flight or 0,
             ]
             for t in config.tenants
         ]
@@ -123,7 +124,11 @@ class AdmitterState:
 
 
 def _fingerprint(config: AdmissionConfig) -> str:
-    shape = config.model_dump_json(include={"quantum_tokens", "credit_cap_tokens", "tenants"})
+    # Caps stay out of it: a state written before they existed still matches its file.
+    shape = config.model_dump_json(
+        include={"quantum_tokens", "credit_cap_tokens", "tenants"},
+        exclude={"tenants": {"__all__": {"max_in_flight"}}},
+    )
     return hashlib.sha1(shape.encode()).hexdigest()[:16]
 
 

@@ -36,12 +36,15 @@ from router.chores import (
 from router.dispatch import Sender
 from router.fleet_config import ConfigSource
 from router.health import Beat, HealthServer, live_within_s, serve_probes
+from router.heap import return_large_blocks
+from router.inflight_sweep import InFlightSweep
 from router.live_config import Applied, LiveConfig
 from router.observe import RouterObserver
 from router.owed import OwedRuns
 from router.reconcile import Reconciler
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
+from router.retention import RetentionSweep, retention_s
 from router.stranded import StrandedTurns
 from router.submit import RouterApi
 from router.sweeps import IndexCursor, ReadySweep
@@ -107,6 +110,9 @@ class RouterService:
             gates_override=load_gate_config(options.gates_file) if options.gates_file else None,
         )
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
+        self.in_flight = InFlightSweep(
+            lambda: self.dispatcher.admitter, self.store, every_s=settings.heartbeat_timeout_s
+        )
         self.swept: tuple[str, ...] = ()
         self._sweeps(tuple(t.name for t in self.config.tenants))
 
@@ -136,6 +142,12 @@ class RouterService:
             clock=time.monotonic,
         )
         self.ticker = Ticker(api, tenants, TICK_EVERY_S, clock=time.time)
+        self.retention = RetentionSweep(
+            self.store,
+            tenants,
+            keep_s=lambda t: retention_s(self.config, t, settings.retention_days),
+            clock=time.time,
+        )
         self.owed = OwedRuns(
             api,
             tenants,
@@ -192,8 +204,10 @@ class RouterService:
         if self.admitting:  # only an admitter knows what its queues hold
             self.ready_sweep.sweep()
         self.ticker.tick()  # time for waiting trajectories (every TICK_EVERY_S)
+        self.retention.sweep()  # finished trajectories past their retention, a page
         if self.shared:
             reconcile_claims(self.dispatcher.admitter, self.store)
+            self.in_flight.sweep()  # turns in flight whose trajectory acts no more (ADR 0123)
         else:
             self._hold_lease()
         if self.observing:
@@ -307,6 +321,7 @@ class RouterService:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
+            return_large_blocks()  # ring changes free large arrays: give them back (heap.py)
         log.info("router %s up (admitter %s)", self.name, self.options.admitter.value)
         probes = self._probes()
         every = self.settings.heartbeat_interval_s / 2

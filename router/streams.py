@@ -360,6 +360,12 @@ def _value(fields: Any) -> bytes | None:
     return found
 
 
+def entry_value(fields: Any) -> bytes | None:
+    """What an entry read by ``XRANGE`` carries, to append elsewhere: its value, or (an entry
+    without one) its fields as bytes, which the reader buries as poison; None when deleted."""
+    return _raw(fields) if fields else None
+
+
 def _pairs(fields: Sequence[Any]) -> dict[Any, Any]:
     it = iter(fields)
     return dict(zip(it, it, strict=False))

@@ -44,7 +44,7 @@ from kernel.memory import MemoryKind, Visibility, ms
 from kernel.memory_tools import MemoryPolicy, episode_view, goal_tags
 from kernel.record import ControlKind, TrajectoryRecord
 from kernel.render import estimate_tokens, render
-from kernel.states import LifecycleState
+from kernel.states import ACTING, LifecycleState
 from router.admission import AdmissionQueue
 from router.admitter import Admitter
 from router.agents import AgentCache
@@ -333,6 +333,10 @@ class RouterApi:
 
     def _carry_out(self, result: StepResult) -> None:
         rec, now = result.record, self.clock()
+        if rec.state not in ACTING and self.admitter is not None:
+            # A cancel, kill or recovery ended the turn: it counts against its tenant's
+            # max_in_flight no more (before a requeue below can admit it again; ADR 0123).
+            self.admitter.release(rec.tenant, rec.trajectory_id)
         for cmd in result.commands:
             if isinstance(cmd, CancelCall):
                 heard = self.feed.publish_cancel(rec.tenant, rec.trajectory_id, cmd.call_id)

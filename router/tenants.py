@@ -14,7 +14,9 @@ the same way. Design: ``docs/adr/0001-weighted-drr-admission.md``. A file (TOML)
     weight = 3
     max_ready = 500                # most READY trajectories it may queue
     largest_call_tokens = 42000    # largest input + output allowance of one call
+    max_in_flight = 20             # most turns in flight across the fleet (omit: no cap)
     budget_max = { steps = 40, tokens = 1500000, dollars = "5.00" }
+    retention_days = 90            # finished runs kept this long (unset: REINS_RETENTION_DAYS)
     classes = [ { name = "interactive", weight = 3 }, { name = "maintenance", weight = 1 } ]
 """
 
@@ -72,8 +74,21 @@ class TenantConfig(_Frozen):
     weight: float = Field(gt=0)
     max_ready: int = Field(ge=1, description="most READY trajectories it may queue")
     largest_call_tokens: int = Field(ge=1, description="largest input + output allowance")
+    # strict: 2.5, "2" or true is refused, not rounded or coerced into a cap
+    max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        strict=True,
+        description="most turns of the tenant in flight across the fleet; None: no cap",
+    )
     budget_max: BudgetMaxima = BudgetMaxima()
     classes: tuple[ServiceClassConfig, ...] = ()
+    retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="days a finished trajectory is kept after its last chain row; None: "
+        "REINS_RETENTION_DAYS",
+    )
     agents: tuple[str, ...] | None = Field(
         None,
         description="the agents (MODULE:AGENT) its jobs may name; None: not restricted, which "

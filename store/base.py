@@ -14,9 +14,10 @@ import abc
 import builtins
 import itertools
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
@@ -35,6 +36,7 @@ from kernel.record import TrajectoryRecord
 from kernel.states import TERMINAL, LifecycleState
 
 JsonObject = dict[str, Any]
+log = logging.getLogger("reins.store")
 
 
 class Commit(NamedTuple):
@@ -144,6 +146,21 @@ def prepare_commit(
 _SUCCEEDED = (Outcome.APPLIED, Outcome.REPEAT)
 
 
+class Retirement(StrEnum):
+    """What :meth:`SnapshotStore.retire` found, and so did."""
+
+    RETIRED = "retired"  # deleted: record, chain, commit ids, index and owing entries
+    CHANGED = "changed"  # the stored version is not the expected one (a commit won): kept
+    KEPT = "kept"  # at that version but live, or ended still owing a settlement: kept
+    GONE = "gone"  # nothing stored (any index entry left behind by a retire is removed)
+
+
+def retirable(record: TrajectoryRecord) -> bool:
+    """True when ``record`` may be retired: it ended and owes nothing (no operation left
+    open for the reconciler to settle)."""
+    return record.state in TERMINAL and not record.open_operations
+
+
 def settle(commit: Commit, outcome: Outcome, found: int) -> int:
     """Turn a backend's outcome into the new version, or the error that names what was found."""
     if outcome in _SUCCEEDED:
@@ -158,6 +175,16 @@ def settle(commit: Commit, outcome: Outcome, found: int) -> int:
         raise SnapshotExists(tid, found)
     if found == 0:
         raise SnapshotNotFound(f"trajectory {tid} not found in tenant {commit.tenant}")
+    if found < commit.expected_version:  # versions only grow: the store lost commits
+        log.error(
+            "trajectory %s of tenant %s is stored at version %d, below the version %d its "
+            "writer saw committed: the store lost acknowledged writes (a Redis failover to a "
+            "replica behind its primary, or a restart without the AOF); the sweeps recover it",
+            tid,
+            commit.tenant,
+            found,
+            commit.expected_version,
+        )
     raise ConcurrentModification(tid, commit.expected_version, found)
 
 
@@ -327,8 +354,24 @@ class SnapshotStore(abc.ABC):
         atomically with it, so no such trajectory is ever out of the reconciler's sight."""
 
     @abc.abstractmethod
+    def retire(self, tenant: str, trajectory_id: str, expected_version: int) -> Retirement:
+        """Delete one finished trajectory: its snapshot, commit ids, chain and index and
+        owing entries, if it is still stored at ``expected_version`` and :func:`retirable` there.
+
+        Compare-and-delete: a commit that lands first wins (``CHANGED``, nothing deleted), and
+        one that comes after finds no trajectory (:class:`SnapshotNotFound`). A live run or one
+        that still owes is ``KEPT``. Every backend removes the stored trajectory atomically;
+        one whose index lives apart from it (Redis) removes the index entry afterwards, so an
+        interrupted retire leaves an index entry without a trajectory, which the next
+        ``retire`` of that id (``GONE``) removes. Idempotency-ledger results are not the
+        trajectory's and stay.
+        """
+
+    @abc.abstractmethod
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
-        """The commit id stored for ``version``, or None: resolves a commit of unknown outcome."""
+        """The commit id stored for ``version``, or None: resolves a commit of unknown outcome.
+        A backend may keep only the latest versions' ids (Redis keeps 8): enough for that, as
+        a writer resolves its commit before it writes anything newer."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -340,13 +383,20 @@ class ExecutionChain(abc.ABC):
 
     Rows are appended only by :meth:`SnapshotStore.compare_and_set`, in the same atomic step
     as the snapshot they belong to, so a row exists if and only if its version was committed.
-    No row is ever updated or deleted; indexes run from 0 without gaps. A row is identified by
+    No row is ever updated or deleted (until :meth:`SnapshotStore.retire` deletes the whole
+    chain with its trajectory); indexes run from 0 without gaps. A row is identified by
     (tenant, trajectory_id, index) and joins with traces by ``trajectory_id`` and ``call_id``.
     """
 
     @abc.abstractmethod
     def read(self, tenant: str, trajectory_id: str, start: int = 0) -> builtins.list[ChainRow]:
         """The rows from index ``start`` on, in chain order; empty for an unknown trajectory."""
+
+    def last_row(self, tenant: str, trajectory_id: str) -> ChainRow | None:
+        """The chain's last row (its time is when the trajectory last moved), or None for an
+        empty chain or an unknown trajectory; a backend reads only that row."""
+        rows = self.read(tenant, trajectory_id)
+        return rows[-1] if rows else None
 
 
 class IdempotencyLedger(abc.ABC):

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from kernel.chain import ChainRow
 from kernel.errors import SnapshotNotFound
 from kernel.record import TrajectoryRecord
-from kernel.states import LifecycleState
+from kernel.states import TERMINAL, LifecycleState
 from store.base import (
     Commit,
     JsonObject,
     Outcome,
+    Retirement,
     TrajectoryStore,
     decode_result,
     decode_row,
@@ -27,6 +28,7 @@ from store.base import (
 )
 
 Address = tuple[str, str]  # (tenant, trajectory_id)
+_TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 
 
 @dataclass(slots=True)
@@ -120,6 +122,21 @@ class MemoryStore(TrajectoryStore):
         """Ids of the tenant's ended runs that still owe, sorted; at most ``limit``."""
         with self._lock:
             return sorted(self._owing.get(tenant, ()))[:limit]
+
+    def retire(self, tenant: str, trajectory_id: str, expected_version: int) -> Retirement:
+        """Compare-and-delete under the lock; see :meth:`SnapshotStore.retire`."""
+        with self._lock:
+            trajectory = self._trajectories.get((tenant, trajectory_id))
+            if trajectory is None:
+                return Retirement.GONE
+            if trajectory.version != expected_version:
+                return Retirement.CHANGED
+            owes = trajectory_id in self._owing.get(tenant, ())
+            if trajectory.state not in _TERMINAL_NAMES or owes:
+                return Retirement.KEPT
+            del self._trajectories[(tenant, trajectory_id)]
+            self._index[tenant][trajectory.state].discard(trajectory_id)
+        return Retirement.RETIRED
 
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
         """The commit id stored for ``version``, or None."""

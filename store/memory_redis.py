@@ -15,19 +15,20 @@ transient errors (each is safe to repeat: a put replaces, a delete of nothing is
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import redis
+from redis.exceptions import NoScriptError
 
 from kernel.errors import ConfigError
 from kernel.memory import MemoryItem, MemoryKind, Owner, Scope, Visibility, tag_token
 from kernel.settings import Settings
 from store.memory_base import MemoryBank
-from store.redis_client import client_for, retry_transient, text
+from store.redis_client import client_for, is_cluster, retry_transient, text
 
 
 def _script(client: redis.Redis, name: str) -> Any:
@@ -86,15 +87,34 @@ class RedisMemory(MemoryBank):
         if pending:
             self._run("writing memory items", partial(self._put_batch, pending))
 
+    def _scripted(self, queue: Callable[[Any], None]) -> list[Any]:
+        """Send what ``queue`` puts on a pipeline (scripts as bare ``EVALSHA``, which a cluster
+        pipeline takes too); a server that lost the scripts gets them and the batch once more
+        (each command in it is safe to repeat)."""
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            queue(pipe)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
+                for script in (self._put, self._delete, self._recall):
+                    self._client.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns
+
     def _put_batch(self, items: list[MemoryItem]) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        for item in items:
-            pipe.hset(self.ids_key(item.tenant), item.item_id, _owner_json(item.owner))
-        for item in items:
-            stem = self.stem(item.owner.token)
-            self._put(
-                keys=[f"{stem}i:{item.item_id}", f"{stem}r:{item.kind.value}"],
-                args=[
+        def index(pipe: Any) -> None:
+            for item in items:
+                pipe.hset(self.ids_key(item.tenant), item.item_id, _owner_json(item.owner))
+
+        def write(pipe: Any) -> None:
+            for item in items:
+                stem = self.stem(item.owner.token)
+                keys = [f"{stem}i:{item.item_id}", f"{stem}r:{item.kind.value}"]
+                args = [
                     item.item_id,
                     item.kind.value,
                     item.model_dump_json(),
@@ -102,30 +122,38 @@ class RedisMemory(MemoryBank):
                     "" if item.expires_ms is None else item.expires_ms,
                     stem,
                     *(tag_token(t) for t in item.tags),
-                ],
-                client=pipe,
-            )
-        pipe.execute()
+                ]
+                pipe.execute_command("EVALSHA", self._put.sha, len(keys), *keys, *args)
+
+        def both(pipe: Any) -> None:
+            index(pipe)
+            write(pipe)
+
+        if is_cluster(self._client):  # the id index is on other masters: in place first
+            self._scripted(index)
+            self._scripted(write)
+        else:
+            self._scripted(both)
 
     def _ranked(
         self, vis: Visibility, kind: MemoryKind, wanted: tuple[str, ...], now_ms: int, limit: int
     ) -> list[MemoryItem]:
         """One script per visible owner in one pipeline, merged (the module docstring)."""
 
-        def ask() -> list[Any]:
-            pipe = self._client.pipeline(transaction=False)
+        def queue(pipe: Any) -> None:
             for owner in vis.owners():
                 stem = self.stem(owner.token)
-                self._recall(
-                    keys=[
-                        f"{stem}r:{kind.value}",
-                        f"{stem}scratch",
-                        *(f"{stem}t:{kind.value}:{tag_token(t)}" for t in wanted),
-                    ],
-                    args=[now_ms, limit, stem],
-                    client=pipe,
+                keys = [
+                    f"{stem}r:{kind.value}",
+                    f"{stem}scratch",
+                    *(f"{stem}t:{kind.value}:{tag_token(t)}" for t in wanted),
+                ]
+                pipe.execute_command(
+                    "EVALSHA", self._recall.sha, len(keys), *keys, now_ms, limit, stem
                 )
-            return pipe.execute()
+
+        def ask() -> list[Any]:
+            return self._scripted(queue)
 
         replies = self._run("recalling memory", ask)
         found = [MemoryItem.model_validate_json(d) for reply in replies for d in reply]

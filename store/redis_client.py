@@ -7,16 +7,30 @@ redis-py's retries off, and :func:`retry_transient` repeats only what is safe to
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from kernel.errors import ConfigError, StoreError, StoreUnavailable
@@ -108,30 +122,139 @@ class Batch(Protocol):
         ...
 
 
+#: URL schemes of a Redis Cluster (``redis+cluster://host:port[,host:port...]``, any node
+#: of it) and of a Sentinel-managed master
+#: (``redis+sentinel://host:port[,host:port...]/service_name[/db]``); ``rediss+`` for TLS.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is redis-py's :class:`~redis.cluster.RedisCluster`: its keys live in
+    slots on several nodes, so a script or a batch must keep to one slot each."""
+    return isinstance(client, RedisCluster)
+
+
+def _hosts(netloc: str, setting: str) -> list[tuple[str, int]]:
+    """``host:port[,host:port...]`` (the port defaults to 6379), refused naming ``setting``."""
+    found: list[tuple[str, int]] = []
+    for part in netloc.rpartition("@")[2].split(","):
+        host, _, port = part.strip().partition(":")
+        if not host:
+            raise ConfigError(f"{setting}: {part!r} is not host:port")
+        try:
+            found.append((host, int(port) if port else 6379))
+        except ValueError:
+            raise ConfigError(f"{setting}: port {port!r} of {host} is not a number") from None
+    return found
+
+
+def _credentials(netloc: str) -> dict[str, str]:
+    if "@" not in netloc:
+        return {}
+    user, _, password = netloc.rpartition("@")[0].partition(":")
+    out = {"password": unquote(password)} if password else {}
+    if user:
+        out["username"] = unquote(user)
+    return out
+
+
 def client_from_url(
     url: str,
     *,
     connect_timeout_s: float | None = None,
     timeout_s: float | None = None,
     setting: str = "REINS_REDIS_URL",
+    cluster: bool = False,
 ) -> redis.Redis:
     """A redis-py client for ``url`` with its own retries off (reins does the retrying) and,
-    when given, its connect and reply timeouts; a bad URL is refused naming ``setting``."""
+    when given, its connect and reply timeouts; a bad URL is refused naming ``setting``.
+
+    A ``redis+cluster://`` URL, or any ``redis://`` URL with ``cluster``, gives a
+    :class:`~redis.cluster.RedisCluster` (it answers the commands a ``Redis`` does, routing
+    each by its key's slot; :func:`is_cluster` tells them apart); it learns the slots when
+    built, and a cluster out of reach then raises :class:`StoreUnavailable`. A
+    ``redis+sentinel://`` URL gives the client of the master its Sentinels name, found
+    again after a failover.
+    """
+    common: dict[str, Any] = {
+        "retry": Retry(NoBackoff(), 0),
+        "socket_connect_timeout": connect_timeout_s,
+        "socket_timeout": timeout_s,
+        "socket_keepalive": True,
+    }
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
     try:
-        return redis.Redis.from_url(
-            url,
-            retry=Retry(NoBackoff(), 0),
-            socket_connect_timeout=connect_timeout_s,
-            socket_timeout=timeout_s,
-            socket_keepalive=True,
-        )
+        if scheme in SENTINEL_SCHEMES:
+            if cluster:
+                raise ConfigError(f"{setting}: a Sentinel URL with REINS_REDIS_CLUSTER set")
+            return _sentinel_master(parts, common, setting)
+        if scheme in CLUSTER_SCHEMES or cluster:
+            if scheme in CLUSTER_SCHEMES:
+                nodes = _hosts(parts.netloc, setting)
+                extra: dict[str, Any] = {**_credentials(parts.netloc)}
+                if scheme.startswith("rediss"):
+                    extra["ssl"] = True
+            elif scheme in ("redis", "rediss"):
+                nodes = [(parts.hostname or "127.0.0.1", parts.port or 6379)]
+                extra = {**_credentials(parts.netloc)}
+            else:
+                raise ConfigError(f"{setting}: a cluster URL is redis+cluster://host:port,...")
+            if parts.path.strip("/") not in ("", "0"):
+                raise ConfigError(f"{setting}: a Redis Cluster has database 0 only ({url!r})")
+            return cast(redis.Redis, _cluster(nodes, common | extra, setting))
+        return redis.Redis.from_url(url, **common)
     except ValueError as exc:
         raise ConfigError(f"{setting}: {exc}") from None
 
 
+def _cluster(nodes: list[tuple[str, int]], options: dict[str, Any], setting: str) -> RedisCluster:
+    try:
+        return RedisCluster(
+            startup_nodes=[
+                ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                for host, port in nodes
+            ],
+            **options,
+        )
+    except (RedisClusterException, RedisError) as exc:
+        where = ",".join(f"{h}:{p}" for h, p in nodes)
+        raise StoreUnavailable(f"{setting}: Redis Cluster at {where} unreachable: {exc}") from exc
+
+
+def _sentinel_master(parts: SplitResult, options: dict[str, Any], setting: str) -> redis.Redis:
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise ConfigError(
+            f"{setting}: a Sentinel URL is redis+sentinel://host:port[,host:port]/service[/db]"
+        )
+    try:
+        db = int(path[1]) if len(path) == 2 else 0
+    except ValueError:
+        raise ConfigError(f"{setting}: database {path[1]!r} is not a number") from None
+    credentials = _credentials(parts.netloc)
+    if parts.scheme.lower().startswith("rediss"):
+        options = options | {"ssl": True}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        _hosts(parts.netloc, setting),
+        socket_connect_timeout=options["socket_connect_timeout"],
+        socket_timeout=options["socket_timeout"],
+        sentinel_kwargs={
+            "socket_connect_timeout": options["socket_connect_timeout"],
+            "socket_timeout": options["socket_timeout"],
+        },
+    )
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        path[0], db=db, **options, **credentials
+    )
+    return master
+
+
 def client_for(settings: Settings, *, broker: bool = False) -> redis.Redis:
     """The client of the store's Redis (or, with ``broker``, of the broker's) with the
-    timeouts of ``settings``: no call on it waits for ever on a peer that stopped answering."""
+    timeouts of ``settings``: no call on it waits for ever on a peer that stopped answering.
+    ``REINS_REDIS_CLUSTER`` makes the store's a cluster client whatever its URL's scheme."""
     url, setting = (
         (settings.broker_url, "REINS_BROKER_URL")
         if broker
@@ -142,32 +265,131 @@ def client_for(settings: Settings, *, broker: bool = False) -> redis.Redis:
         connect_timeout_s=settings.redis_connect_timeout_s,
         timeout_s=settings.redis_timeout_s,
         setting=setting,
+        cluster=settings.redis_cluster and not broker,
     )
+
+
+class _Pinned:
+    """One connection per thread, taken from a client's pool once and kept for the thread's
+    later direct calls; given back only when it is spent (an error that may leave a reply
+    unread). The pool's own checkout, around every call, costs about as much client CPU as
+    the call itself (a lock, two telemetry records, a readiness poll): measured 50-64 us
+    a call against 28 us pinned (docs/adr/0014-redis-store.md, "Connections").
+
+    A connection that the server closed while idle fails its next call with a connection
+    error, which the caller's retries treat as any transient error: the retry takes a fresh
+    connection."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._local = threading.local()
+
+    def get(self) -> Any:
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():  # a forked child never reuses a socket
+            conn = local.conn = self._pool.get_connection()
+            local.pid = os.getpid()
+        return conn
+
+    def spend(self, conn: Any) -> None:
+        """Disconnect ``conn`` (replies may still be on their way) and give it back."""
+        self._local.conn = None
+        try:
+            conn.disconnect()
+        finally:
+            self._pool.release(conn)
+
+
+_PINNED_LOCK = threading.Lock()
+
+
+def _pinned(pool: Any) -> _Pinned:
+    """The pool's :class:`_Pinned`, made on first use (one per pool, kept on the pool)."""
+    pinned: _Pinned | None = getattr(pool, "_reins_pinned", None)
+    if pinned is None:
+        with _PINNED_LOCK:
+            pinned = getattr(pool, "_reins_pinned", None)
+            if pinned is None:
+                pinned = _Pinned(pool)
+                pool._reins_pinned = pinned
+    return pinned
 
 
 def direct_command(client: redis.Redis) -> Callable[..., Any]:
     """``client.execute_command`` for commands whose reply needs no conversion (``EVALSHA``,
-    ``HMGET``), without redis-py's layers around each call: a connection from the pool, the
-    command, its reply, the connection back. What those layers add per call (its retry wrapper,
-    argument checks, event dispatch, telemetry hooks) showed as about a third of a fleet turn's
-    time in Redis calls; retries are the store's own (:data:`TRANSIENT`). A client pinned to
-    one connection, or of another kind, keeps its own ``execute_command``.
+    ``HMGET``), without redis-py's layers around each call: the thread's own connection
+    (:class:`_Pinned`), the command, its reply. What those layers add per call (its retry
+    wrapper, argument checks, event dispatch, telemetry hooks, the pool's checkout) showed as
+    about a third of a fleet turn's time in Redis calls; retries are the store's own
+    (:data:`TRANSIENT`). A client pinned to one connection, or of another kind, keeps its own
+    ``execute_command``; a cluster client gets :func:`_cluster_direct`.
     """
+    if isinstance(client, RedisCluster):
+        return _cluster_direct(client)
     pool = getattr(client, "connection_pool", None)
     if type(client) is not redis.Redis or pool is None or client.connection is not None:
         return client.execute_command
+    pinned = _pinned(pool)
 
     def execute(*args: Any) -> Any:
-        conn = pool.get_connection()
+        conn = pinned.get()
         try:
             conn.send_command(*args)
             return conn.read_response()
+        except ResponseError:
+            raise  # an error reply: read in full, the connection stays good
+        except BaseException:
+            pinned.spend(conn)
+            raise
+
+    return execute
+
+
+#: Replies that say the slot map is stale or the cluster is in flux: the cluster client's own
+#: path follows them (and refreshes its map).
+_REROUTE = (MovedError, AskError, TryAgainError, ClusterDownError, SlotNotCoveredError)
+
+
+def _cluster_direct(client: RedisCluster) -> Callable[..., Any]:
+    """:func:`direct_command` for a cluster: the command goes straight to the pooled connection
+    of the master that serves its key's slot (the first key: ``args[1]``, or ``args[3]`` of an
+    ``EVALSHA`` with keys), as on one node. A redirection, or a command with no key, goes
+    through the cluster client, which follows it and refreshes its slot map; so does the next
+    command after a connection error (the map may name a master that is gone)."""
+    cluster: Any = client  # redis-py leaves the cluster's routing methods untyped
+    slow: Callable[..., Any] = cluster.execute_command
+    stale = [False]
+
+    def execute(*args: Any) -> Any:
+        name = str(args[0]).upper()
+        if name in ("EVALSHA", "EVAL"):
+            key = args[3] if len(args) > 3 and int(args[2]) > 0 else None
+        else:
+            key = args[1] if len(args) > 1 else None
+        if key is None or stale[0]:
+            reply = slow(*args)
+            stale[0] = False
+            return reply
+        try:
+            node = cluster.nodes_manager.get_node_from_slot(cluster.keyslot(key))
+        except SlotNotCoveredError:
+            return slow(*args)
+        pool = cluster.get_redis_connection(node).connection_pool
+        conn: Any = pool.get_connection()
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        except _REROUTE:
+            pass
         except BaseException as exc:
             if not isinstance(exc, ResponseError):  # a reply may still be on its way: drop it
                 conn.disconnect()
+                stale[0] = True
             raise
         finally:
             pool.release(conn)
+        return slow(*args)
 
     return execute
 
@@ -180,7 +402,7 @@ class DirectBatch:
     """
 
     def __init__(self, client: redis.Redis) -> None:
-        self._pool = client.connection_pool
+        self._pinned = _pinned(client.connection_pool)
         self.commands: list[tuple[Any, ...]] = []
 
     def execute_command(self, *args: Any) -> DirectBatch:
@@ -200,7 +422,7 @@ class DirectBatch:
         commands, self.commands = self.commands, []
         if not commands:
             return []
-        conn: Any = self._pool.get_connection()  # redis-py leaves these methods untyped
+        conn = self._pinned.get()
         replies: list[Any] = []
         try:
             conn.send_packed_command(conn.pack_commands(commands))
@@ -210,10 +432,8 @@ class DirectBatch:
                 except ResponseError as exc:
                     replies.append(exc)
         except BaseException:
-            conn.disconnect()  # replies may still be on their way: this connection is spent
+            self._pinned.spend(conn)  # replies may still be on their way: this one is spent
             raise
-        finally:
-            self._pool.release(conn)
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, ResponseError):

@@ -1,10 +1,6 @@
-"""The Redis backend: the fleet's store (redis-py with hiredis), on one Redis node.
+"""The Redis backend: the fleet's store (redis-py with hiredis), on one Redis node, a
+Sentinel-managed one, or a Redis Cluster.
 
-``P`` is the key prefix; ``T``, ``I`` and ``K`` are the tenant, the trajectory id and an
-idempotency key, each percent-encoded (all but ``A-Z a-z 0-9 _ . - ~``), so the layout is
-injective and every key is scoped by tenant:
-
-==========================  =====  ============================================================
 ``{P:T:I}:snap``            hash   ``v`` (version), ``s`` (state code, :data:`STATE_CODES`),
                                    ``data`` (the record's JSON), and ``c<version>`` -> commit
                                    id for every committed version
@@ -16,22 +12,35 @@ injective and every key is scoped by tenant:
 ``{P:T:K}:idem``            string the idempotency ledger's stored result (JSON)
 ==========================  =====  ============================================================
 
+A retire (:meth:`RedisStore.retire`) is ``lua/retire.lua`` on the trajectory's two keys, then
+``lua/unindex.lua`` on its index key: two calls, never one script over two tags.
+
 A commit is one ``EVALSHA`` of ``lua/cas.lua`` over four keys in two slots, so it needs one
 node (standalone or Sentinel), not Cluster. Transient errors are retried; a commit whose reply
 was lost is resolved by reading its commit id back, and one still unresolved raises
 :class:`StoreUnavailable` naming its commit id. Design: ``docs/adr/0014-redis-store.md``.
+=======
+The key layout is :mod:`store.redis_keys`: a trajectory's snapshot and chain and its bucket of
+the tenant's index and owing set share one hash tag, so a commit is one ``EVALSHA`` of
+``lua/cas.lua`` over four keys of one slot. Listings merge the tenant's buckets. Transient
+errors are retried; a commit whose reply was lost is resolved by reading its commit id back,
+and one still unresolved raises :class:`StoreUnavailable` naming its commit id. Design:
+``docs/adr/0014-redis-store.md``, ``docs/adr/0170-store-on-redis-cluster.md``.
+
+A retire (:meth:`RedisStore.retire`) is ``lua/retire.lua`` on the trajectory's two keys, then
+``lua/unindex.lua`` on its index and owing buckets (the same slot), two calls that are each
+safe to send again; a retire cut off between them leaves an index entry the next sweep drops.
 """
 
 from __future__ import annotations
 
 import builtins
 import hashlib
+import heapq
 import re
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar, cast
-from urllib.parse import quote, unquote
 
 import redis
 from redis.exceptions import NoScriptError, RedisError
@@ -51,11 +60,13 @@ from store.base import (
     Commit,
     JsonObject,
     Outcome,
+    Retirement,
     TrajectoryStore,
     decode_result,
     decode_row,
     decode_snapshot,
     encode_result,
+    retirable,
     settle,
 )
 from store.redis_client import (
@@ -63,10 +74,22 @@ from store.redis_client import (
     client_for,
     direct_batch,
     direct_command,
+    is_cluster,
     retry_transient,
     script_reply,
     text,
 )
+from store.redis_keys import (
+    COMMITS_KEPT,
+    bucket_of,
+    commit_keys,
+    enc,
+    index_keys,
+    owing_keys,
+    snapshot_pattern,
+    trajectory_of_snapshot,
+)
+from store.redis_layout import check_layout
 
 _T = TypeVar("_T")
 
@@ -86,7 +109,6 @@ STATE_CODES: dict[LifecycleState, int] = {
 if set(STATE_CODES) != set(LifecycleState):
     raise RuntimeError("store.redis_store.STATE_CODES needs a code for every LifecycleState")
 _CODE_OF = {state.value: code for state, code in STATE_CODES.items()}
-_SNAP_SUFFIX = "}:snap"
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
@@ -94,22 +116,9 @@ def _load_script(name: str) -> str:
     return (Path(__file__).parent / "lua" / name).read_text(encoding="utf-8")
 
 
-@lru_cache(maxsize=65536)
-def _enc(part: str) -> str:
-    return quote(part, safe="")
-
-
-@lru_cache(maxsize=65536)
-def _commit_keys(prefix: str, tenant: str, trajectory_id: str) -> tuple[str, str, str, str]:
-    """Snapshot key, chain key, and the tenant's index and owing keys: built once per
-    trajectory."""
-    tag = f"{{{prefix}:{_enc(tenant)}:{_enc(trajectory_id)}"
-    tenant_tag = f"{{{prefix}:{_enc(tenant)}}}"
-    return f"{tag}{_SNAP_SUFFIX}", f"{tag}}}:chain", f"{tenant_tag}:index", f"{tenant_tag}:owing"
-
-
 class RedisStore(TrajectoryStore):
-    """The store on one Redis node; see the module docstring for keys, atomicity and retries."""
+    """The store on Redis (a node or a cluster); see the module docstring for keys, atomicity
+    and retries."""
 
     def __init__(self, client: redis.Redis, *, prefix: str = "reins", retry_attempts: int = 5):
         if not _PREFIX_RE.match(prefix):
@@ -118,10 +127,14 @@ class RedisStore(TrajectoryStore):
             raise ConfigError("REINS_REDIS_RETRY_ATTEMPTS: must be at least 1")
         self.prefix = prefix
         self._client = client
+        self._cluster = is_cluster(client)
         self._attempts = retry_attempts
         self._cas_source = _load_script("cas.lua")
         self._cas_sha = hashlib.sha1(self._cas_source.encode()).hexdigest()
         self._execute = direct_command(client)  # the hot path: CAS and load, nothing else
+        self._layout_checked = False
+        self._retire = client.register_script(_load_script("retire.lua"))
+        self._unindex = client.register_script(_load_script("unindex.lua"))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisStore:
@@ -132,20 +145,42 @@ class RedisStore(TrajectoryStore):
             retry_attempts=settings.redis_retry_attempts,
         )
 
+    def check_layout(self) -> None:
+        """Refuse a store written in an older key layout with :class:`UnsupportedLayout`
+        (:func:`store.redis_layout.check_layout`). Done before this store's first read or
+        commit; a transient error leaves it to the next one (whose own call then fails and
+        says what)."""
+        try:
+            check_layout(self._client, self.prefix)
+        except TRANSIENT:
+            return
+        except RedisError as exc:
+            raise StoreError(f"checking the store's key layout: {exc}") from exc
+        self._layout_checked = True
+
     # --- keys ------------------------------------------------------------------------------
 
     def trajectory_keys(self, tenant: str, trajectory_id: str) -> tuple[str, str]:
         """The snapshot and chain keys of one trajectory (one hash tag)."""
-        snap_key, chain_key, _, _ = _commit_keys(self.prefix, tenant, trajectory_id)
+        snap_key, chain_key, _, _ = commit_keys(self.prefix, tenant, trajectory_id)
         return snap_key, chain_key
 
-    def index_key(self, tenant: str) -> str:
-        """The tenant's state index."""
-        return f"{{{self.prefix}:{_enc(tenant)}}}:index"
+    def index_keys(self, tenant: str) -> tuple[str, ...]:
+        """Every bucket of the tenant's state index, in bucket order."""
+        return index_keys(self.prefix, tenant)
+
+    def index_key_for(self, tenant: str, trajectory_id: str) -> str:
+        """The bucket of the tenant's state index that lists ``trajectory_id`` (whose keys
+        share its slot)."""
+        return commit_keys(self.prefix, tenant, trajectory_id)[2]
+
+    def owing_keys(self, tenant: str) -> tuple[str, ...]:
+        """Every bucket of the tenant's owing set, in bucket order."""
+        return owing_keys(self.prefix, tenant)
 
     def ledger_key(self, tenant: str, key: str) -> str:
         """Where the result recorded under an idempotency key lives."""
-        return f"{{{self.prefix}:{_enc(tenant)}:{_enc(key)}}}:idem"
+        return f"{{{self.prefix}:{enc(tenant)}:{enc(key)}}}:idem"
 
     # --- retries ---------------------------------------------------------------------------
 
@@ -161,6 +196,8 @@ class RedisStore(TrajectoryStore):
 
     def _read(self, what: str, fn: Callable[[], _T]) -> _T:
         """A read: one plain try on the hot path, then bounded retries."""
+        if not self._layout_checked:
+            self.check_layout()
         try:
             return fn()
         except TRANSIENT:
@@ -173,11 +210,16 @@ class RedisStore(TrajectoryStore):
     def apply(self, commit: Commit, before: Sequence[tuple[Any, ...]] = ()) -> int:
         """One EVALSHA of cas.lua; a lost reply is resolved by commit id (module docstring).
 
-        ``before``: commands the server runs first, in the same round trip (idempotent ones:
-        they are sent again with a commit that must be sent again). A worker that admits a
-        turn itself writes its holding this way (:mod:`worker.follow_on`): it is in place before
-        the admission is, and costs no round trip of its own."""
-        snap_key, chain_key, index_key, owing_key = _commit_keys(
+        ``before``: commands the server runs first (idempotent ones: they are sent again with
+        a commit that must be sent again). A worker that admits a turn itself writes its
+        holding this way (:mod:`worker.follow_on`): it is in place before the admission is. On
+        one node they share the commit's round trip (an error reply of one is raised, though
+        the commit after it ran); on a cluster their keys are in other slots, so each is sent,
+        and answered, before the commit is (an error reply of one is raised, and no commit is
+        sent)."""
+        if not self._layout_checked:
+            self.check_layout()
+        snap_key, chain_key, index_key, owing_key = commit_keys(
             self.prefix, commit.tenant, commit.trajectory_id
         )
         call: tuple[bytes | str | int, ...] = (
@@ -192,6 +234,7 @@ class RedisStore(TrajectoryStore):
             commit.commit_id,
             commit.trajectory_id,
             1 if commit.owes else 0,
+            COMMITS_KEPT,
         )
         if commit.rows:
             call = (*call, commit.first_row, *commit.rows)
@@ -214,8 +257,12 @@ class RedisStore(TrajectoryStore):
     def _run_cas(
         self, call: Sequence[bytes | str | int], before: Sequence[tuple[Any, ...]] = ()
     ) -> list[int]:
-        """EVALSHA cas.lua with 4 keys (after ``before``, in one round trip), loading the
-        script once more if the server lost it."""
+        """EVALSHA cas.lua with 4 keys (after ``before``, in one round trip on one node),
+        loading the script once more if the server lost it."""
+        if before and self._cluster:  # other slots: each in place before the commit is sent
+            for command in before:
+                self._execute(*command)
+            before = ()
         if before:
             batch = direct_batch(self._client)
             for command in before:
@@ -268,47 +315,88 @@ class RedisStore(TrajectoryStore):
             ) from None
         return decode_snapshot(tenant, trajectory_id, stored_version, data)
 
+    def _each_bucket(
+        self, what: str, keys: Sequence[str], command: Callable[[str], tuple[Any, ...]]
+    ) -> builtins.list[Any]:
+        """``command(key)`` for every key, sent together (grouped by node on a cluster); the
+        replies in key order."""
+
+        def send() -> builtins.list[Any]:
+            batch = direct_batch(self._client)
+            for key in keys:
+                batch.execute_command(*command(key))
+            return batch.execute()
+
+        return self._read(what, send)
+
+    @staticmethod
+    def _range(state: LifecycleState | None) -> tuple[int | str, int | str]:
+        return ("-inf", "+inf") if state is None else (STATE_CODES[state],) * 2
+
     def list(self, tenant: str, state: LifecycleState | None = None) -> builtins.list[str]:
-        """Ids from the tenant's index (one score range per state), sorted."""
-        key = self.index_key(tenant)
-        low, high = ("-inf", "+inf") if state is None else (STATE_CODES[state],) * 2
-        members = self._read(
-            f"listing tenant {tenant}", lambda: self._client.zrangebyscore(key, low, high)
+        """Ids from every bucket of the tenant's index (one score range per state), sorted."""
+        low, high = self._range(state)
+        replies = self._each_bucket(
+            f"listing tenant {tenant}",
+            self.index_keys(tenant),
+            lambda key: ("ZRANGEBYSCORE", key, low, high),
         )
-        skip = len(self.prefix) + len(_enc(tenant)) + 3  # "{P:T:"
-        return sorted(unquote(text(m)[skip : -len(_SNAP_SUFFIX)]) for m in members)
+        return sorted(text(m) for members in replies for m in members)
 
     def page(
         self, tenant: str, state: LifecycleState, offset: int, limit: int
     ) -> builtins.list[str]:
-        """One ``ZRANGEBYSCORE ... LIMIT`` over the state's score: snapshot-key order."""
-        key, code = self.index_key(tenant), STATE_CODES[state]
-        members = self._read(
-            f"paging tenant {tenant}",
-            lambda: self._client.zrangebyscore(key, code, code, start=offset, num=limit),
+        """Positions ``offset`` to ``offset + limit`` of the state's ids taken bucket by bucket,
+        in bucket order, each bucket in id order: the bucket sizes (``ZCOUNT``), then a
+        ``ZRANGEBYSCORE ... LIMIT`` in each bucket the page overlaps, two round trips."""
+        code = STATE_CODES[state]
+        keys = self.index_keys(tenant)
+        what = f"paging tenant {tenant}"
+        sizes = self._each_bucket(what, keys, lambda key: ("ZCOUNT", key, code, code))
+        ranges: dict[str, tuple[int, int]] = {}
+        skip, wanted = offset, limit
+        for key, size in zip(keys, sizes, strict=True):
+            if wanted <= 0:
+                break
+            if skip >= int(size):
+                skip -= int(size)
+                continue
+            ranges[key] = (skip, wanted)
+            wanted -= int(size) - skip
+            skip = 0
+        if not ranges:
+            return []
+        replies = self._each_bucket(
+            what,
+            builtins.list(ranges),
+            lambda key: ("ZRANGEBYSCORE", key, code, code, "LIMIT", *ranges[key]),
         )
-        skip = len(self.prefix) + len(_enc(tenant)) + 3  # "{P:T:"
-        return [unquote(text(m)[skip : -len(_SNAP_SUFFIX)]) for m in members]
+        return [text(m) for members in replies for m in members][:limit]
 
     def count(self, tenant: str, state: LifecycleState | None = None) -> int:
-        """ZCOUNT over the tenant's index (one score per state): no ids are read."""
-        key = self.index_key(tenant)
-        low, high = ("-inf", "+inf") if state is None else (STATE_CODES[state],) * 2
-        found: Any = self._read(
-            f"counting tenant {tenant}", lambda: self._client.zcount(key, low, high)
+        """``ZCOUNT`` over every bucket of the tenant's index: no ids are read."""
+        low, high = self._range(state)
+        sizes = self._each_bucket(
+            f"counting tenant {tenant}",
+            self.index_keys(tenant),
+            lambda key: ("ZCOUNT", key, low, high),
         )
-        return int(found)
+        return sum(int(size) for size in sizes)
 
     def owing(self, tenant: str, limit: int = 1000) -> builtins.list[str]:
-        """The first ``limit`` ids of the tenant's owing zset (score 0: in id order)."""
-        key = f"{{{self.prefix}:{_enc(tenant)}}}:owing"
-        members = self._read(
-            f"listing what tenant {tenant} owes", lambda: self._client.zrange(key, 0, limit - 1)
+        """The first ``limit`` ids, in id order, of the owing buckets merged (each bucket is in
+        id order, score 0, so ``limit`` from each is enough)."""
+        replies = self._each_bucket(
+            f"listing what tenant {tenant} owes",
+            self.owing_keys(tenant),
+            lambda key: ("ZRANGE", key, 0, limit - 1),
         )
-        return [text(m) for m in members]
+        merged = heapq.merge(*([text(m) for m in members] for members in replies))
+        return [tid for tid, _ in zip(merged, range(limit), strict=False)]
 
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
-        """The commit id stored for ``version``, or None."""
+        """The commit id stored for ``version``, or None; only the last
+        :data:`~store.redis_keys.COMMITS_KEPT` versions keep theirs (cas.lua trims the rest)."""
         snap_key = self.trajectory_keys(tenant, trajectory_id)[0]
         stored = self._read(
             f"reading commits of trajectory {trajectory_id}",
@@ -316,27 +404,75 @@ class RedisStore(TrajectoryStore):
         )
         return None if stored is None else text(stored)
 
+    def retire(self, tenant: str, trajectory_id: str, expected_version: int) -> Retirement:
+        """Two calls on the trajectory's slot: retire.lua deletes the snapshot and chain (if
+        still at ``expected_version`` and ended), then unindex.lua removes its index and owing
+        entries.
+
+        Whether the run owes is read from the record at that version (the version pins its
+        content), so the owing set, kept by every commit, holds no entry for it. An
+        interrupted retire leaves the index entry alone; the next retire of the id finds no
+        snapshot and removes it (``GONE``). Both scripts are safe to send again.
+        """
+        snap_key, chain_key = self.trajectory_keys(tenant, trajectory_id)
+        try:
+            record = self.load(tenant, trajectory_id)
+        except SnapshotNotFound:
+            self._drop_entry(tenant, trajectory_id)
+            return Retirement.GONE
+        if record.record_version != expected_version:
+            return Retirement.CHANGED
+        if not retirable(record):
+            return Retirement.KEPT
+        outcome, _ = self._retrying(
+            f"retiring trajectory {trajectory_id}",
+            lambda: self._retire(keys=[snap_key, chain_key], args=[expected_version]),
+        )
+        if outcome < 0:
+            return Retirement.CHANGED
+        self._drop_entry(tenant, trajectory_id)
+        return Retirement.RETIRED if outcome > 0 else Retirement.GONE
+
+    def _drop_entry(self, tenant: str, trajectory_id: str) -> None:
+        """The second call of a retire: unindex.lua on the trajectory's index and owing
+        buckets. A retired run owed nothing, so an owing entry is there only if a commit's
+        owing write was ever cut off from the commit: it names a trajectory that is gone."""
+        _, _, index_key, owing_key = commit_keys(self.prefix, tenant, trajectory_id)
+        self._retrying(
+            f"removing trajectory {trajectory_id} from the index",
+            lambda: self._unindex(keys=[index_key, owing_key], args=[trajectory_id]),
+        )
+
+    def owing_key_for(self, tenant: str, trajectory_id: str) -> str:
+        """The bucket of the tenant's owing set that would list ``trajectory_id``."""
+        return commit_keys(self.prefix, tenant, trajectory_id)[3]
+
     def rebuild_index(self, tenant: str) -> int:
         """Rebuild the tenant's state index from its snapshots; return how many it lists.
 
         A repair tool (the index is derived): run it when the tenant's trajectories are quiet,
-        since a commit that lands during the scan may be indexed under its older state.
+        since a commit that lands during the scan may be indexed under its older state. Each
+        bucket is replaced in one transaction of its own slot.
         """
-        pattern = f"{{{self.prefix}:{_enc(tenant)}:*{_SNAP_SUFFIX}"
+        pattern = snapshot_pattern(self.prefix, tenant)
 
         def rebuild() -> int:
-            members: dict[str, int] = {}
+            buckets: dict[int, dict[str, int]] = {}
             for key in self._client.scan_iter(match=pattern, count=1000):
                 code = self._client.hget(key, "s")
                 if code is not None:
-                    members[text(key)] = int(text(code))
-            pipe = self._client.pipeline(transaction=True)
-            pipe.delete(self.index_key(tenant))
-            if members:
-                pipe.zadd(self.index_key(tenant), members)
-            pipe.execute()
-            return len(members)
+                    tid = trajectory_of_snapshot(text(key))
+                    buckets.setdefault(bucket_of(tid), {})[tid] = int(text(code))
+            for bucket, key in enumerate(self.index_keys(tenant)):
+                pipe = self._client.pipeline(transaction=True)
+                pipe.delete(key)
+                if buckets.get(bucket):
+                    pipe.zadd(key, buckets[bucket])
+                pipe.execute()
+            return sum(len(members) for members in buckets.values())
 
+        if not self._layout_checked:
+            self.check_layout()
         return self._retrying(f"rebuilding the index of tenant {tenant}", rebuild)
 
     # --- chain and ledger ------------------------------------------------------------------
@@ -349,6 +485,15 @@ class RedisStore(TrajectoryStore):
             lambda: self._client.lrange(chain_key, start, -1),
         )
         return [decode_row(trajectory_id, row) for row in rows]
+
+    def last_row(self, tenant: str, trajectory_id: str) -> ChainRow | None:
+        """``LINDEX -1``: the last row alone."""
+        chain_key = self.trajectory_keys(tenant, trajectory_id)[1]
+        row = self._read(
+            f"reading the chain of trajectory {trajectory_id}",
+            lambda: self._client.lindex(chain_key, -1),
+        )
+        return None if row is None else decode_row(trajectory_id, row)
 
     def record(self, tenant: str, key: str, result: JsonObject) -> JsonObject:
         """``SET NX GET``: first write wins, a repeat (or a retry) gets the stored result."""

@@ -27,6 +27,7 @@ from store.base import (
     Commit,
     JsonObject,
     Outcome,
+    Retirement,
     TrajectoryStore,
     decode_result,
     decode_row,
@@ -269,6 +270,48 @@ class SqliteStore(SqliteFile, TrajectoryStore):
         with self._errors(f"listing what tenant {tenant} owes"):
             rows = self._conn().execute(sql, [tenant, limit]).fetchall()
         return [r[0] for r in rows]
+
+    def retire(self, tenant: str, trajectory_id: str, expected_version: int) -> Retirement:
+        """One transaction: check, then delete the snapshot, its commit ids and its chain; see
+        :meth:`SnapshotStore.retire`."""
+        where = (tenant, trajectory_id)
+        with self._write(f"retiring trajectory {trajectory_id}") as conn:
+            row = conn.execute(
+                "SELECT version, state, EXISTS (SELECT 1 FROM owing "
+                "WHERE tenant = ? AND trajectory_id = ?) "
+                "FROM snapshots WHERE tenant = ? AND trajectory_id = ?",
+                (*where, *where),
+            ).fetchone()
+            if row is None:
+                found = Retirement.GONE
+            elif int(row[0]) != expected_version:
+                found = Retirement.CHANGED
+            elif row[1] not in _TERMINAL_NAMES or row[2]:
+                found = Retirement.KEPT
+            else:
+                for table in ("snapshots", "commits", "chain", "owing"):
+                    conn.execute(
+                        f"DELETE FROM {table} WHERE tenant = ? AND trajectory_id = ?",
+                        where,
+                    )
+                found = Retirement.RETIRED
+            if found is not Retirement.RETIRED:
+                conn.execute("ROLLBACK")
+        return found
+
+    def last_row(self, tenant: str, trajectory_id: str) -> ChainRow | None:
+        """The chain's row with the highest index, read alone."""
+        with self._errors(f"reading the chain of trajectory {trajectory_id}"):
+            row = (
+                self._conn()
+                .execute(
+                    "SELECT data FROM chain WHERE tenant = ? AND trajectory_id = ? "
+                    "ORDER BY idx DESC LIMIT 1",
+                    (tenant, trajectory_id),
+                )
+                .fetchone()
+            )
+        return None if row is None else decode_row(trajectory_id, bytes(row[0]))
 
     def committed(self, tenant: str, trajectory_id: str, version: int) -> str | None:
         """The commit id stored for ``version``, or None."""

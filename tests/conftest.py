@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+
+from tests.support.redis_cluster import (  # noqa: F401 - fixtures, found by name
+    cluster_key_prefix,
+    prefix_deleted_after,
+    redis_cluster,
+    redis_cluster_url,
+)
 
 REDIS_URL = os.environ.get("REINS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -34,9 +40,4 @@ def redis_client() -> Iterator[redis.Redis]:
 @pytest.fixture
 def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
     """A prefix no other test uses; every key under it is deleted after the test."""
-    prefix = f"reins-test-{uuid.uuid4().hex[:12]}"
-    yield prefix
-    keys = list(redis_client.scan_iter(match=f"{prefix}*", count=1000))
-    keys += list(redis_client.scan_iter(match=f"{{{prefix}*", count=1000))
-    if keys:
-        redis_client.delete(*keys)
+    yield from prefix_deleted_after(redis_client)

@@ -7,6 +7,7 @@ ratios, because these machines are shared and noisy. Timing is never asserted in
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ BENCHMARKS = {
     "fleet": "ops.bench.fleet",
     "api": "ops.bench.api",
     "memory": "ops.bench.memory",
+    "retention": "ops.bench.retention",
+    "scale": "ops.bench.scale",
 }
 
 
@@ -36,3 +39,14 @@ def load(name: str) -> Callable[..., dict[str, Any]]:
         raise
     run: Callable[..., dict[str, Any]] = mod.run
     return run
+
+
+def options(name: str, run: Callable[..., dict[str, Any]], **given: Any) -> dict[str, Any]:
+    """The options set in ``given`` (flags of ``reins bench``; unset is None or False), refused
+    by name when benchmark NAME's ``run`` does not take them."""
+    chosen = {option: value for option, value in given.items() if value not in (None, False)}
+    accepted = inspect.signature(run).parameters
+    for option in chosen:
+        if option not in accepted:
+            raise InvalidInput(f"benchmark {name!r} has no --{option.replace('_', '-')} option")
+    return chosen

@@ -42,6 +42,12 @@ BACKLOG_QUANTUM = 10_000  # seed 004's exercise: 10,000 charge tokens per unit w
 BACKLOG_CAP = 100_000  # >= largest call (64,000) + largest quantum (30,000): no clipping
 PROVIDER_TOKENS_PER_S = 1_000_000.0  # advances the simulated clock, so the window means something
 TRAJECTORIES_PER_TENANT = 64
+MANY_TENANTS = 10_000  # the same three profiles, each repeated over a third of them
+TRAJECTORIES_PER_MANY = 2  # 20,000 calls queued: every tenant stays backlogged
+#: Every backlogged tenant's max_in_flight: configured, and each admitted turn ends (released)
+#: before its trajectory is queued again, so the caps' bookkeeping is in the figures; at the
+#: trajectories per tenant it never binds, so the shares still measure the weights alone.
+IN_FLIGHT_CAP = TRAJECTORIES_PER_TENANT
 
 # --- part 2: noisy neighbour ----------------------------------------------------------------
 
@@ -64,9 +70,20 @@ REDIS_BATCH = 16  # calls per claim script run: a dispatcher filling that many f
 
 def run(quick: bool = False) -> dict[str, object]:
     """Run all parts; ``quick`` is a smaller run for smoke tests (same fields)."""
-    backlog = _backlogged(chunks=2 if quick else 5, chunk=5_000 if quick else 50_000)
+    backlog, many = _backlogged(chunks=2 if quick else 5, chunk=5_000 if quick else 50_000)
+    backlog.pop("rounds")
     quiet_calls = 300 if quick else 5_000
-    result: dict[str, object] = {"quick": quick, **backlog}
+    result: dict[str, object] = {"quick": quick, "max_in_flight": IN_FLIGHT_CAP, **backlog}
+    rate, base = many["admissions_per_s"], backlog["admissions_per_s"]
+    assert isinstance(rate, int) and isinstance(base, int)
+    result["admissions_per_s_at_10k_tenants"] = rate
+    result["admissions_per_s_median_at_10k_tenants"] = many["admissions_per_s_median"]
+    result["ratio_10k_to_3_tenants"] = round(rate / base, 3)
+    # Over the ~10 DRR rounds such a run spans, while the 3-tenant run spans thousands: the
+    # tenants of a profile start together and gather credit in step, so a partial round counts.
+    result["max_share_error_pct_pt_at_10k_tenants"] = many["max_share_error_pct_pt"]
+    result["drr_rounds_at_10k_tenants"] = many["rounds"]
+    result["bytes_per_tenant"] = _bytes_per_tenant(MANY_TENANTS)
     for label, mix in (("", INTERACTIVE), ("_mixed_sizes", MIXED)):
         for kind in ("drr", "fifo"):
             base = _noisy(kind, mix, quiet_calls, loud=False)
@@ -83,7 +100,11 @@ def run(quick: bool = False) -> dict[str, object]:
 
 
 def _config(
-    tenants: list[tuple[str, float, int]], quantum: int, cap: int, max_ready: int
+    tenants: list[tuple[str, float, int]],
+    quantum: int,
+    cap: int,
+    max_ready: int,
+    in_flight: int | None = None,
 ) -> AdmissionConfig:
     return AdmissionConfig.from_mapping(
         {
@@ -91,6 +112,7 @@ def _config(
             "credit_cap_tokens": cap,
             "tenants": [
                 {"name": n, "weight": w, "max_ready": max_ready, "largest_call_tokens": largest}
+                | ({} if in_flight is None else {"max_in_flight": in_flight})
                 for n, w, largest in tenants
             ],
         }
@@ -106,60 +128,150 @@ def _sizes(rng: random.Random, mix: tuple[tuple[float, int, int], ...]) -> tuple
     return mix[-1][1], mix[-1][2]
 
 
-def _backlogged(chunks: int, chunk: int) -> dict[str, object]:
-    rng = random.Random(8)
+Profile = tuple[str, int, tuple[tuple[float, int, int], ...]]
+
+
+def _many(count: int) -> tuple[Profile, ...]:
+    """``count`` tenants, the i-th with the weight and mix of ``BACKLOGGED[i % 3]``."""
+    return tuple(
+        (f"{BACKLOGGED[i % 3][0]}-{i}", BACKLOGGED[i % 3][1], BACKLOGGED[i % 3][2])
+        for i in range(count)
+    )
+
+
+def _bytes_per_tenant(count: int) -> int:
+    """The admitter's memory for ``count`` idle tenants, over ``count`` (Python allocations)."""
+    import tracemalloc
+
+    profiles = _many(count)
     config = _config(
-        [(n, w, max(i + o for _, i, o in mix)) for n, w, mix in BACKLOGGED],
+        [(n, w, max(i + o for _, i, o in mix)) for n, w, mix in profiles],
         BACKLOG_QUANTUM,
         BACKLOG_CAP,
-        max_ready=TRAJECTORIES_PER_TENANT,
+        max_ready=1,
     )
-    clock = [0.0]
-    admitter = Admitter(config, lambda: clock[0])
-    # Sizes are drawn before timing so the loop measures the admitter, not the RNG.
-    sequences = {n: [_sizes(rng, mix) for _ in range(4096)] for n, _, mix in BACKLOGGED}
-    for name, _, _ in BACKLOGGED:
-        for k in range(TRAJECTORIES_PER_TENANT):
-            i, o = sequences[name][k]
-            admitter.submit(name, f"{name}-{k}", input_tokens=i, output_allowance=o)
-    nominate, confirm, requeue = admitter.nominate, admitter.confirm, admitter.requeue
-    charge = dict.fromkeys(sequences, 0)
-    turn = dict.fromkeys(sequences, TRAJECTORIES_PER_TENANT)
-    rates: list[float] = []
-    for c in range(chunks + 1):  # chunk 0 warms up and is neither timed nor counted
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        admitter = Admitter(config, lambda: 0.0)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    del admitter
+    return round(held / count)
+
+
+class _Backlog:
+    """Every tenant backlogged with ``per_tenant`` trajectories that come straight back; run
+    chunk by chunk, so two of them can alternate and share the machine's noise."""
+
+    def __init__(
+        self, tenants: tuple[Profile, ...] = BACKLOGGED, per_tenant: int = TRAJECTORIES_PER_TENANT
+    ) -> None:
+        rng = random.Random(8)
+        config = _config(
+            [(n, w, max(i + o for _, i, o in mix)) for n, w, mix in tenants],
+            BACKLOG_QUANTUM,
+            BACKLOG_CAP,
+            max_ready=per_tenant,
+            in_flight=per_tenant,
+        )
+        self.tenants = tenants
+        self.clock = [0.0]
+        self.admitter = Admitter(config, lambda: self.clock[0])
+        # Sizes are drawn before timing so the loop measures the admitter, not the RNG; one
+        # sequence per profile (its first tenant's name), which every tenant of it reads.
+        sequences = {n: [_sizes(rng, mix) for _ in range(4096)] for n, _, mix in BACKLOGGED}
+        self.group = {n: BACKLOGGED[i % len(BACKLOGGED)][0] for i, (n, _, _) in enumerate(tenants)}
+        self.sizes = {n: sequences[self.group[n]] for n in self.group}
+        # Each copy of a profile starts at its own place in the sequence: tenants that drew the
+        # same sizes in the same order would gather credit in step, round after round.
+        self.turn = {n: (i // len(BACKLOGGED)) * 97 for i, (n, _, _) in enumerate(tenants)}
+        for name, _, _ in tenants:
+            for k in range(per_tenant):
+                i, o = self.sizes[name][(self.turn[name] + k) & 4095]
+                self.admitter.submit(name, f"{name}-{k}", input_tokens=i, output_allowance=o)
+            self.turn[name] += per_tenant
+        # One entry per tenant (charge counted, turn, sizes): one lookup per admission, so the
+        # bench's own bookkeeping weighs the same with 3 tenants as with 10,000.
+        self.book: dict[str, list[Any]] = {n: [0, self.turn[n], self.sizes[n]] for n in self.sizes}
+        self.rates: list[float] = []
+        self.admissions = 0
+
+    def chunk(self, size: int, counted: bool = True) -> None:
+        """Admit ``size`` calls, each ended and requeued at once; time them if ``counted``."""
+        nominate, confirm, release, requeue = (
+            self.admitter.nominate,
+            self.admitter.confirm,
+            self.admitter.release,
+            self.admitter.requeue,
+        )
+        clock, book = self.clock, self.book
         started = time.perf_counter()
-        for _ in range(chunk):
+        for _ in range(size):
             nomination = nominate()
             assert nomination is not None  # backlogged by construction
             confirm(nomination)
             call = nomination.call
             tenant = call.tenant
             clock[0] += call.charge / PROVIDER_TOKENS_PER_S
-            if c:
-                charge[tenant] += call.charge
-            k = turn[tenant] = turn[tenant] + 1
-            i, o = sequences[tenant][k & 4095]
+            entry = book[tenant]
+            if counted:
+                entry[0] += call.charge
+            k = entry[1] = entry[1] + 1
+            i, o = entry[2][k & 4095]
+            release(tenant, call.trajectory_id)  # the turn ended
             requeue(tenant, call.trajectory_id, input_tokens=i, output_allowance=o)
         elapsed = time.perf_counter() - started
-        if c:
-            rates.append(chunk / elapsed)
-    total = sum(charge.values())
-    weight_total = sum(w for _, w, _ in BACKLOGGED)
-    errors = [abs(charge[n] / total - w / weight_total) * 100 for n, w, _ in BACKLOGGED]
-    figures = admitter.figures()
-    return {
-        "admissions": chunks * chunk,
-        "admissions_per_s": round(max(rates)),
-        "admissions_per_s_median": round(statistics.median(rates)),
-        "charge_share_pct": {n: round(100 * charge[n] / total, 3) for n in charge},
-        "weight_share_pct": {n: round(100 * w / weight_total, 3) for n, w, _ in BACKLOGGED},
-        "max_share_error_pct_pt": round(max(errors), 4),
-        "jain_index": round(figures.jain_index or 0.0, 6),
-        "jain_index_window_s": figures.window_s,
-        "jain_index_whole_run": round(
-            jain_index([charge[n] / w for n, w, _ in BACKLOGGED]) or 0.0, 6
-        ),
-    }
+        if counted:
+            self.rates.append(size / elapsed)
+            self.admissions += size
+
+    def summary(self) -> dict[str, object]:
+        """Speed (best and median chunk), shares by profile against weight, Jain's index."""
+        tenants = self.tenants
+        charge: dict[str, int] = {n: entry[0] for n, entry in self.book.items()}
+        by_group, weight_of = _by_group(tenants, self.group, charge)
+        total, weight_total = sum(by_group.values()), sum(weight_of.values())
+        errors = [abs(by_group[g] / total - weight_of[g] / weight_total) * 100 for g in by_group]
+        figures = self.admitter.figures()
+        return {
+            "admissions": self.admissions,
+            "admissions_per_s": round(max(self.rates)),
+            "admissions_per_s_median": round(statistics.median(self.rates)),
+            "charge_share_pct": {g: round(100 * by_group[g] / total, 3) for g in by_group},
+            "weight_share_pct": {g: round(100 * weight_of[g] / weight_total, 3) for g in by_group},
+            "max_share_error_pct_pt": round(max(errors), 4),
+            "rounds": self.admitter.state.rounds,
+            "jain_index": round(figures.jain_index or 0.0, 6),
+            "jain_index_window_s": figures.window_s,
+            "jain_index_whole_run": round(
+                jain_index([charge[n] / w for n, w, _ in tenants]) or 0.0, 6
+            ),
+        }
+
+
+def _backlogged(chunks: int, chunk: int) -> tuple[dict[str, object], dict[str, object]]:
+    """The three tenants of BACKLOGGED, and MANY_TENANTS of the same profiles, alternating
+    chunk by chunk (the first chunk of each warms up and is neither timed nor counted)."""
+    few, many = _Backlog(), _Backlog(_many(MANY_TENANTS), TRAJECTORIES_PER_MANY)
+    for c in range(chunks + 1):
+        for run in (few, many) if c % 2 else (many, few):
+            run.chunk(chunk, counted=c > 0)
+    return few.summary(), many.summary()
+
+
+def _by_group(
+    tenants: tuple[Profile, ...], group: dict[str, str], charge: dict[str, int]
+) -> tuple[dict[str, int], dict[str, float]]:
+    """Charge and weight summed by profile."""
+    by_group: dict[str, int] = {}
+    weight_of: dict[str, float] = {}
+    for name, weight, _ in tenants:
+        g = group[name]
+        by_group[g] = by_group.get(g, 0) + charge[name]
+        weight_of[g] = weight_of.get(g, 0.0) + weight
+    return by_group, weight_of
 
 
 # --- part 2 ---------------------------------------------------------------------------------
@@ -284,6 +396,7 @@ def _redis_setup(client: Any, prefix: str) -> tuple[RedisAdmitter, AdmissionConf
         BACKLOG_QUANTUM,
         BACKLOG_CAP,
         max_ready=TRAJECTORIES_PER_TENANT,
+        in_flight=IN_FLIGHT_CAP,
     )
     gates = RedisGates(
         client, GateConfig.from_mapping({"routes": {REDIS_ROUTE: {}}}), prefix=prefix
@@ -312,6 +425,7 @@ def _redis_worker(
             admitter.confirm_many(claims)
         if not claims:  # every call is claimed by the others this instant
             continue
+        admitter.release_many((c.call.tenant, c.call.trajectory_id, c.claim_id) for c in claims)
         admitter.requeue_many(
             (
                 c.call.tenant,

@@ -1,14 +1,19 @@
 """``reins bench ring``: the placement ring side by side with uhashring, in one run.
 
-The same keys and members, each side at its defaults and hashing its own keys in the timed loop.
-The method is described in ``docs/benchmarks.md``.
+The same keys and members, each side at its defaults and hashing its own keys in the timed loop;
+then the ring alone at fleet scale (200 and 1,000 members, each in a fresh process): what one
+membership change costs and what the ring holds in memory. The method is described in
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import platform
 import random
+import resource
+import statistics
 import time
 import uuid
 from collections import Counter
@@ -18,6 +23,7 @@ from importlib import metadata
 from xxhash import xxh64_intdigest
 
 from kernel.errors import InvalidInput
+from router.heap import return_large_blocks
 from router.ring import DEFAULT_POINTS_PER_WEIGHT, Member, Ring
 
 MEMBERS = 20
@@ -26,6 +32,8 @@ QUICK_KEYS = 10_000
 UHASHRING_DEFAULT_POINTS = 160
 _SEED = 20_010_601
 _SLICE = 10_000  # keys per timed slice
+SCALES = (200, 1_000)
+CHANGES = 3  # joins and as many leaves timed at each scale
 
 
 def run(quick: bool = False) -> dict[str, object]:
@@ -81,11 +89,73 @@ def run(quick: bool = False) -> dict[str, object]:
             round(sum(new == "worker-new" for _, new in moved) / len(moved), 5) if moved else 0.0
         ),
         "modulo_moved_fraction": round(modulo_moved / key_count, 5),
+        **_at_scales(SCALES[:1] if quick else SCALES, keys[:QUICK_KEYS]),
         "python_version": platform.python_version(),
         "reins_version": _version("reins"),
         "uhashring_version": _version("uhashring"),
         "xxhash_version": _version("xxhash"),
     }
+
+
+def _at_scales(scales: Sequence[int], keys: list[str]) -> dict[str, object]:
+    """Each scale measured in a fresh process, so its memory is the ring's and not this run's."""
+    ctx = multiprocessing.get_context("spawn")
+    out: dict[str, object] = {}
+    with ctx.Pool(1, maxtasksperchild=1) as pool:
+        for members in scales:
+            for field, value in pool.apply(_at_scale, (members, keys)).items():
+                out[f"{field}_at_{members}"] = value
+    return out
+
+
+def _at_scale(members: int, keys: list[str]) -> dict[str, object]:
+    """Build a ring of ``members`` from scratch, then time joins and leaves as a router applies
+    them (:meth:`Ring.evolved`, the ring before each change kept until the new one is swapped
+    in); milliseconds of this process's CPU, the median of the joins and leaves."""
+    return_large_blocks()  # as the router does (router/heap.py)
+    names = [f"worker-{i:04d}" for i in range(members)]
+    started = time.process_time()
+    ring = Ring(Member(name) for name in names)
+    build_s = time.process_time() - started
+    costs: list[float] = []
+    for i in range(CHANGES):
+        started = time.process_time()
+        grown = ring.evolved([*ring.members, Member(f"joining-{i}")])
+        costs.append(time.process_time() - started)
+        started = time.process_time()
+        ring = grown.evolved(m for m in grown.members if m.name != names[i])
+        costs.append(time.process_time() - started)
+        del grown
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        lookup_s = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            for key in keys:
+                ring.lookup(key)
+            lookup_s = min(lookup_s, time.perf_counter() - started)
+    finally:
+        if enabled:
+            gc.enable()
+    shares = ring.shares().values()
+    return {
+        "rebuild_ms": round(1000 * statistics.median(costs), 2),
+        "rebuild_ms_max": round(1000 * max(costs), 2),
+        "build_s": round(build_s, 2),
+        "rss_mb": round(_rss_mb(), 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "points": ring.point_count,
+        "lookups_per_s": round(len(keys) / lookup_s),
+        "max_over_mean_share": round(max(shares) * len(shares), 4),
+    }
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now (Linux), in MiB."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def _keys(count: int) -> list[str]:

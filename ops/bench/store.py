@@ -1,7 +1,9 @@
 """``reins bench store``: a commit (the store's compare-and-set) against a raw ``SET``.
 
 Side by side on the Redis of ``REINS_REDIS_URL`` with the same clients, and the embedded SQLite
-store beside them. The fields and the method are described in ``docs/benchmarks.md``.
+store beside them; with ``--cluster``, on a three-master Redis Cluster the bench starts itself
+(:mod:`ops.cluster_local`), through a ``RedisCluster`` client. The fields and the method are
+described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from decimal import Decimal
 from functools import partial
+from pathlib import Path
 
 import redis
 
@@ -22,8 +26,10 @@ from kernel.chain import ChainRow, RowKind
 from kernel.record import PlanStep, TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import LifecycleState
+from ops.cluster_local import LocalCluster
 from store.base import Commit, TrajectoryStore, prepare_commit
-from store.redis_client import client_from_url
+from store.redis_client import client_from_url, is_cluster
+from store.redis_keys import COMMITS_KEPT
 from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
 
@@ -159,29 +165,95 @@ def _sqlite_per_s(ops: int) -> float:
     return ops / elapsed
 
 
-def run(quick: bool = False) -> dict[str, object]:
+#: A finished trajectory for the memory figures: versions committed, one chain row each.
+MEMORY_VERSIONS = 60
+
+
+def _memory_figures(store: RedisStore, client: redis.Redis) -> dict[str, object]:
+    """``MEMORY USAGE`` of a finished trajectory's keys (snapshot and chain, plus its entry in
+    the index bucket, from the bucket's usage with and without it), as this build leaves them
+    and with every version's commit id kept, as the build before trimming did."""
+    tid = f"memory-{uuid.uuid4().hex[:8]}"
+    commits, _ = _commits(tid, MEMORY_VERSIONS, rows=True)
+    final = _record(tid).model_copy(
+        update={"record_version": MEMORY_VERSIONS + 2, "state": LifecycleState.COMPLETED}
+    )
+    commits.append(prepare_commit(final, MEMORY_VERSIONS + 1))
+    for commit in commits:
+        store.apply(commit)
+    snap_key, chain_key = store.trajectory_keys(TENANT, tid)
+    index_key = store.index_key_for(TENANT, tid)
+
+    def usage(key: str) -> int:
+        return int(client.memory_usage(key, samples=0) or 0)
+
+    with_entry = usage(index_key)
+    client.zrem(index_key, tid)
+    entry = with_entry - usage(index_key) if client.exists(index_key) else with_entry
+    client.zadd(index_key, {tid: 7})
+    snapshot, rest = usage(snap_key), usage(chain_key) + entry
+    versions = MEMORY_VERSIONS + 2
+    dropped = range(1, versions - COMMITS_KEPT + 1)
+    client.hset(snap_key, mapping={f"c{v}": commits[-1].commit_id for v in dropped})
+    untrimmed = usage(snap_key)
+    return {
+        "memory_versions": versions,
+        "memory_finished_bytes": snapshot + rest,
+        "memory_finished_untrimmed_bytes": untrimmed + rest,
+        "memory_snapshot_bytes": snapshot,
+        "memory_snapshot_untrimmed_bytes": untrimmed,
+    }
+
+
+def _server_version(client: redis.Redis) -> str:
+    info = client.info("server")
+    if is_cluster(client) and "redis_version" not in info:  # one answer per node
+        info = next(iter(info.values()))
+    return str(info["redis_version"])
+
+
+def run(quick: bool = False, cluster: bool = False) -> dict[str, object]:
     """Measure and return one JSON-ready object (see the module docstring)."""
     settings = Settings.from_env(os.environ)
     prefix = f"{settings.key_prefix}-bench-{uuid.uuid4().hex[:8]}"
-    client = client_from_url(settings.redis_url)
-    store = RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts)
+    with ExitStack() as stack:
+        url = settings.redis_url
+        if cluster:
+            own = LocalCluster(Path(stack.enter_context(tempfile.TemporaryDirectory())))
+            own.start()
+            stack.callback(own.stop)
+            url = own.url
+        client = client_from_url(url)
+        store = RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts)
+        stack.callback(store.close)
+        if not cluster:  # the machine's Redis: leave nothing behind
+            stack.callback(_delete_prefix, client, prefix)
+        return _measure(store, client, quick, "cluster-3" if cluster else "single")
+    raise AssertionError("unreachable")  # pragma: no cover - the with block returns
+
+
+def _delete_prefix(client: redis.Redis, prefix: str) -> None:
+    keys = list(client.scan_iter(match=f"{{{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def _measure(
+    store: RedisStore, client: redis.Redis, quick: bool, topology: str
+) -> dict[str, object]:
     rounds = 4 if quick else 40
     result: dict[str, object] = {
-        "redis_version": str(client.info("server")["redis_version"]),
+        "redis_version": _server_version(client),
+        "topology": topology,
         "rounds": rounds,
     }
     serialise: list[float] = []
-    try:
-        for threads, ops in ((1, 50 if quick else 250), (16, 5 if quick else 25)):
-            figures, spent = _redis_figures(store, client, prefix, threads, ops, rounds)
-            result.update(figures)
-            result["payload_bytes"] = len(_record(f"c{threads}-00000000-0").to_json())
-            serialise.append(spent)
-        result["serialise_us"] = round(1e6 * sum(serialise) / len(serialise), 1)
-        result["sqlite_cas_per_s"] = round(_sqlite_per_s(100 if quick else 1000))
-    finally:
-        keys = list(client.scan_iter(match=f"{{{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        store.close()
+    for threads, ops in ((1, 50 if quick else 250), (16, 5 if quick else 25)):
+        figures, spent = _redis_figures(store, client, store.prefix, threads, ops, rounds)
+        result.update(figures)
+        result["payload_bytes"] = len(_record(f"c{threads}-00000000-0").to_json())
+        serialise.append(spent)
+    result["serialise_us"] = round(1e6 * sum(serialise) / len(serialise), 1)
+    result.update(_memory_figures(store, client))
+    result["sqlite_cas_per_s"] = round(_sqlite_per_s(100 if quick else 1000))
     return result

@@ -27,6 +27,10 @@
 -- deducted from its tenant's credit, claimed and counted like any other). A call with a gate
 -- is nominated as usual.
 --
+-- Each call taken enters its tenant's turns in flight (B:f:lane, ADR 0123); a lane with a cap
+-- (max_in_flight) that has as many turns in flight is passed over where it stands, as a lane in
+-- skip is, from the start of the run or from the claim that fills it.
+--
 -- Returns {n, refused, last refusal reason, now, last refused route, then per claim: claim id,
 -- trajectory id, call data, seq, requests, tokens, leases, rpm, tpm, concurrency (gate figures
 -- right after its debit; zeros and -1 without a route), depths...}; {-2, lane, trajectory id,
@@ -45,6 +49,16 @@ end
 for i = 9 + nskip, #ARGV do
   closed[ARGV[i]] = true
 end
+-- A lane with as many turns in flight as its cap is passed over where it stands, as a skipped
+-- lane is (place, credit and visit kept, so its credit cannot grow while it is capped); it
+-- comes back once a turn of it ends (ADR 0123).
+local limits = {}
+for lane in string.gmatch(redis.call('HGET', ST, 'capped') or '', '%d+') do
+  limits[lane] = geti('L:' .. lane)
+  if redis.call('HLEN', fkey(lane)) >= limits[lane] then
+    skip[lane] = true
+  end
+end
 local deadline = num(now + tonumber(ARGV[3]))
 local cap = const('cap')
 local reply = { 0, 0, '', num(now), '' }
@@ -54,6 +68,9 @@ local function direct(expected)
     return nil
   end
   local lane, k = string.match(data, '^(%d+)|(%d+)|')
+  if skip[lane] then -- at its cap: nominated as usual, which passes it over
+    return nil
+  end
   local q = qkey(lane, k)
   if redis.call('LINDEX', q, 0) ~= expected then -- to the head of its class queue, for take()
     redis.call('LREM', q, 1, expected)
@@ -93,6 +110,10 @@ while reply[1] < count and reply[2] < tries do
     redis.call('HSET', CLAIMS, cid, pack_claim(lost, lostc, emptied, cemptied, data, tid))
     redis.call('ZADD', PEND, deadline, cid)
     redis.call('HSET', CALLS, tid, '#' .. cid)
+    redis.call('HSET', fkey(lane), tid, cid) -- its turn is in flight from now on
+    if limits[lane] and redis.call('HLEN', fkey(lane)) >= limits[lane] then
+      skip[lane] = true
+    end
     reply[1] = reply[1] + 1
     for _, v in ipairs({ cid, tid, data, seq, req, tok, conc, rpm, tpm, cl }) do
       reply[#reply + 1] = v

@@ -6,13 +6,16 @@
 -- ARGV[1]  configuration version (0: a file, which must match exactly; >= 1: the fleet's
 --          document, applied when newer than the state's)
 -- ARGV[2]  configuration fingerprint; ARGV[3] credit cap
--- ARGV[4]  the tenants as JSON: [[name, quantum, [[class, quantum], ...]], ...]
+-- ARGV[4]  the tenants as JSON: [[name, quantum, [[class, quantum], ...], cap], ...] (cap:
+--          max_in_flight, 0 for none)
 --
 -- Lanes are stable by tenant name and classes by name within their lane (B:st 'layout', JSON
 -- [[tenant, [class, ...]], ...], lane i at position i): a tenant or class seen before keeps its
 -- number, queue and credit; a new one is appended with no credit (no debt, nothing owed); one
 -- the new version leaves out keeps its lane, queue and last quantum, so what it has queued
--- drains. Every credit is clipped to the new cap.
+-- drains. Every credit is clipped to the new cap. Each tenant's max_in_flight is written with its
+-- quantum (L:i; a retired tenant keeps its last one) and the lanes with one listed in capped:
+-- a lowered cap admits nothing of the tenant until enough of its turns end, and ends none.
 --
 -- Returns {1, layout} if it wrote, {0, layout} if the state already holds this version or a
 -- newer one (nothing written), or {-1, fingerprint} if a file's configuration differs from the
@@ -42,7 +45,7 @@ for i, entry in ipairs(layout) do
 end
 
 for _, tenant in ipairs(cjson.decode(ARGV[4])) do
-  local name, quantum, wanted = tenant[1], tenant[2], tenant[3]
+  local name, quantum, wanted, limit = tenant[1], tenant[2], tenant[3], tenant[4] or 0
   local lane = lane_of[name]
   if lane == nil then
     lane = #layout
@@ -51,7 +54,7 @@ for _, tenant in ipairs(cjson.decode(ARGV[4])) do
     redis.call('HSET', ST, 'c:' .. lane, 0, 'q:' .. lane, 0, 'l:' .. lane, UNLISTED,
       'N:' .. lane, 0, 'C:' .. lane, 0, 'k:' .. lane, 0)
   end
-  redis.call('HSET', ST, 'Q:' .. lane, quantum)
+  redis.call('HSET', ST, 'Q:' .. lane, quantum, 'L:' .. lane, limit)
   local names = layout[lane + 1][2]
   local before = #names
   for _, class in ipairs(wanted) do
@@ -76,8 +79,12 @@ for _, tenant in ipairs(cjson.decode(ARGV[4])) do
   redis.call('HSET', ST, 'k:' .. lane, #names)
 end
 
+local capped = {}
 for lane, entry in ipairs(layout) do
   local i = lane - 1
+  if geti('L:' .. i) > 0 then
+    capped[#capped + 1] = i
+  end
   redis.call('HSET', ST, 'c:' .. i, math.min(geti('c:' .. i), cap))
   for k = 0, #entry[2] - 1 do
     local cf = 'c:' .. i .. ':' .. k
@@ -86,5 +93,6 @@ for lane, entry in ipairs(layout) do
 end
 
 local encoded = cjson.encode(layout)
-redis.call('HSET', ST, 'cfg', fp, 'ver', version, 'cap', cap, 'n', #layout, 'layout', encoded)
+redis.call('HSET', ST, 'cfg', fp, 'ver', version, 'cap', cap, 'n', #layout, 'layout', encoded,
+  'capped', table.concat(capped, ' '))
 return { 1, encoded }

@@ -5,7 +5,9 @@
 -- ARGV[1]  "decline":  the call goes back to the head of its queue with the credit it had, its lane
 --                      to the tail of old (drr.decline), and its gate debit is released
 --          "requeue":  as decline, but only once the claim's deadline has passed (reconciler)
---          "reap":     as drop, but only once the claim's deadline has passed (reconciler)
+--          "reap":     as drop, but only once the claim's deadline has passed (reconciler); its
+--                      trajectory is not READY, so its admission may stand and its turn run:
+--                      unlike every other end of a claim, it keeps its turn in flight
 --          "drop":     the call leaves the admitter: its charge goes back to its lane's credit
 --                      (unless the claim emptied the lane, whose credit stays reset) and its gate
 --                      debit is released
@@ -57,6 +59,9 @@ end
 local lane, k, tid, data, charge, lost, lostc, emptied, cemptied = unpack_claim(packed)
 redis.call('HDEL', CLAIMS, cid)
 redis.call('ZREM', PEND, cid)
+if op ~= 'reap' then
+  turn_ended(lane, tid, cid)
+end
 local route = route_of(data)
 if route ~= '' then
   gate_release(route, cid)

@@ -18,6 +18,9 @@
 --                    "#<claim id>" while the call is claimed
 --   B:claims   hash  claim id -> "lost|lostc|emptied|cemptied|<call data>|tid"
 --   B:pend     zset  claim id scored by its deadline (the reconciler reaps those past it)
+--   B:f:i      hash  lane i's turns in flight: trajectory id -> the claim id that admitted it,
+--                    from the claim to the turn's end (ADR 0123); B:st L:i is the lane's cap
+--                    (max_in_flight, 0: none) and B:st capped the lanes with one, space-separated
 --
 -- Credits and charges are integers (exact in Lua's doubles up to 2^53), as in drr.py.
 
@@ -74,6 +77,28 @@ end
 
 local function route_of(data)
   return string.match(data, '^%d+|%d+|%d+|%d+|%d+|[^|]*|(.*)$')
+end
+
+-- Lane i's turns in flight (ADR 0123).
+local function fkey(lane)
+  return B .. ':f:' .. lane
+end
+
+-- The turn of tid in lane ends: its in-flight entry goes, if it still names claim cid ("": any
+-- claim but a pending one, whose call is still claimed: that turn has not started). Idempotent.
+local function turn_ended(lane, tid, cid)
+  local held = redis.call('HGET', fkey(lane), tid)
+  if not held then
+    return 0
+  end
+  if cid == '' then
+    if redis.call('HGET', CALLS, tid) == '#' .. held then
+      return 0
+    end
+  elseif held ~= cid then
+    return 0
+  end
+  return redis.call('HDEL', fkey(lane), tid)
 end
 
 local function rotation_length()

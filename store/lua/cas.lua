@@ -1,14 +1,15 @@
 #!lua
 -- cas.lua: compare-and-set one trajectory's snapshot, append its execution-chain rows, record
 -- the commit id and move the trajectory in its tenant's state index; all in one round trip.
+-- Every key has the tag {P:T:#b} of the trajectory's bucket (store/redis_keys.py): one slot.
 --
--- KEYS[1]  {P:T:I}:snap   hash  v (version), s (state code), data (the record's JSON),
---                               and c<version> -> commit id for every committed version
--- KEYS[2]  {P:T:I}:chain  list  chain rows (JSON); element n is chain index n
--- KEYS[3]  {P:T}:index    zset  member: a trajectory's snapshot key (KEYS[1]);
---                               score: its state code, so a state is one score range
--- KEYS[4]  {P:T}:owing    zset  member: the trajectory id of an ended run that still owes a
---                               settlement (score 0: read in id order)
+-- KEYS[1]  {P:T:#b}:snap:I   hash  v (version), s (state code), data (the record's JSON),
+--                                  and c<version> -> commit id for the last ARGV[8] versions
+-- KEYS[2]  {P:T:#b}:chain:I  list  chain rows (JSON); element n is chain index n
+-- KEYS[3]  {P:T:#b}:index    zset  member: a trajectory id of the bucket;
+--                                  score: its state code, so a state is one score range
+-- KEYS[4]  {P:T:#b}:owing    zset  member: the trajectory id of an ended run that still owes
+--                                  a settlement (score 0: read in id order)
 --
 -- ARGV[1]  expected version (0 = create: the snapshot must not exist)
 -- ARGV[2]  new version
@@ -17,8 +18,10 @@
 -- ARGV[5]  commit id
 -- ARGV[6]  trajectory id
 -- ARGV[7]  1 if the record ended owing, else 0
--- ARGV[8]  chain index of the first row      } only when there are rows
--- ARGV[9..] chain rows, in chain order        }
+-- ARGV[8]  how many versions keep their commit id (store.redis_keys.COMMITS_KEPT): enough to
+--          recognise a repeat; older ones are deleted here, so the hash does not grow
+-- ARGV[9]  chain index of the first row      } only when there are rows
+-- ARGV[10..] chain rows, in chain order       }
 --
 -- Returns {outcome, n} (store.base.Outcome):
 --    2, version   this commit id is already stored for this version: a repeat, nothing written
@@ -40,16 +43,16 @@ if current ~= tonumber(ARGV[1]) then
   return {0, current}
 end
 
-local with_rows = #ARGV > 8
+local with_rows = #ARGV > 9
 if with_rows then
   local length = redis.call('LLEN', KEYS[2])
-  if length ~= tonumber(ARGV[8]) then
+  if length ~= tonumber(ARGV[9]) then
     return {-1, length}
   end
 end
 
 if stored[2] ~= ARGV[3] then
-  redis.call('ZADD', KEYS[3], ARGV[3], KEYS[1])
+  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[6])
 end
 if ARGV[7] == '1' then
   redis.call('ZADD', KEYS[4], 0, ARGV[6])
@@ -57,7 +60,19 @@ elseif tonumber(ARGV[3]) >= 7 then  -- an ended run (codes 7-9) may have owed un
   redis.call('ZREM', KEYS[4], ARGV[6])
 end
 if with_rows then
-  redis.call('RPUSH', KEYS[2], unpack(ARGV, 9))
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, 10))
 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 's', ARGV[3], 'data', ARGV[4], commit_field, ARGV[5])
+-- Versions up to the expected one may hold a commit id; those at or below new - kept go. The
+-- commit before this one deleted all at or below expected - kept, so at most kept are left.
+local kept = tonumber(ARGV[8])
+local high = math.min(tonumber(ARGV[2]) - kept, current)
+local low = math.max(1, current - kept + 1)
+if high >= low then
+  local stale = {}
+  for version = low, high do
+    stale[#stale + 1] = 'c' .. version
+  end
+  redis.call('HDEL', KEYS[1], unpack(stale))
+end
 return {1, tonumber(ARGV[2])}

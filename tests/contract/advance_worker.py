@@ -13,10 +13,11 @@ import sys
 from decimal import Decimal
 from typing import Any
 
+from kernel.amounts import Amounts
 from kernel.budget import Budget
 from kernel.chain import ChainRow, RowKind
 from kernel.errors import ConcurrentModification
-from kernel.record import TrajectoryRecord
+from kernel.record import Operation, OpKind, OpStatus, SettlementOwner, TrajectoryRecord
 from kernel.states import LifecycleState
 from store.base import TrajectoryStore
 
@@ -42,6 +43,22 @@ def next_version(
     if state is not None:
         update["state"] = state
     return rec.model_copy(update=update)
+
+
+def with_open_call(rec: TrajectoryRecord, status: OpStatus) -> TrajectoryRecord:
+    """``rec`` holding one tool call in ``status``, owned by the reconciler."""
+    op = Operation(
+        op_id="c1",
+        call_id="c1",
+        kind=OpKind.TOOL,
+        attempts=["c1/a1"],
+        idempotency_key="k1",
+        epoch=0,
+        reservation=Amounts.of(tool_calls=1),
+        settlement_owner=SettlementOwner.RECONCILER,
+        status=status,
+    )
+    return rec.model_copy(update={"operations": {"c1": op}})
 
 
 def row_for(rec: TrajectoryRecord, index: int, writer: str = "") -> ChainRow:

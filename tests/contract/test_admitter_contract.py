@@ -1,4 +1,5 @@
-"""The admitter contract (router/admission.py): every test runs on memory and on the real Redis.
+"""The admitter contract (router/admission.py): every test runs on memory, on the real Redis and
+on a real three-master Redis Cluster (where a script touching two slots fails with CROSSSLOT).
 
 The last test drives both implementations in lockstep through random operations and asserts
 they admit the same calls and hold the same credits and depths after every step.
@@ -15,6 +16,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.crc import key_slot
 
 from kernel.budget import Budget
 from kernel.errors import StaleNomination, SubmissionRefused, UnknownTenant
@@ -26,7 +28,11 @@ from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
 
-BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
+REDIS_KINDS = [
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("cluster", marks=pytest.mark.redis),
+]
+BACKENDS = ["memory", *REDIS_KINDS]
 Make = Callable[[AdmissionConfig], AdmissionQueue]
 Tenant = tuple[str, float, int, int]  # name, weight, input tokens, output allowance
 
@@ -36,21 +42,55 @@ def make(request: pytest.FixtureRequest) -> Iterator[Make]:
     if request.param == "memory":
         yield lambda cfg: Admitter(cfg, lambda: 0.0)
         return
-    client: redis.Redis = request.getfixturevalue("redis_client")
-    prefix: str = request.getfixturevalue("key_prefix")
+    client, prefix = _redis_of(request, request.param)
     serial = itertools.count()
     yield lambda cfg: RedisAdmitter(
         client, cfg, prefix=f"{prefix}-{next(serial)}", clock=lambda: 0.0
     )
+    if request.param == "cluster":
+        assert_one_slot_each(client, prefix, serial)
 
 
-def config(tenants: Iterable[Tenant], quantum: int, cap: int, **extra: Any) -> AdmissionConfig:
+def assert_one_slot_each(client: redis.Redis, prefix: str, serial: Iterator[int]) -> None:
+    """Every key the admitters left is in its admitter's one slot: Redis refuses a script's key
+    of another slot only when another master holds it, so the keys written are checked too."""
+    for n in range(next(serial)):
+        tag = f"{{{prefix}-{n}:adm}}"
+        keys = [*client.scan_iter(match=f"{prefix}-{n}:*"), *client.scan_iter(match=f"{tag}*")]
+        assert {key_slot(k) for k in keys} <= {key_slot(tag.encode())}, keys
+
+
+def _redis_of(request: pytest.FixtureRequest, kind: str) -> tuple[redis.Redis, str]:
+    """The client and a key prefix of the test's own, on the single Redis or the cluster."""
+    if kind == "cluster":
+        return request.getfixturevalue("redis_cluster"), request.getfixturevalue(
+            "cluster_key_prefix"
+        )
+    return request.getfixturevalue("redis_client"), request.getfixturevalue("key_prefix")
+
+
+@pytest.fixture(params=REDIS_KINDS)
+def shared_redis(request: pytest.FixtureRequest) -> tuple[redis.Redis, str]:
+    """The single Redis or the cluster, with a key prefix of the test's own."""
+    return _redis_of(request, request.param)
+
+
+def config(
+    tenants: Iterable[Tenant],
+    quantum: int,
+    cap: int,
+    tenant_extra: dict[str, int] | None = None,
+    **extra: Any,
+) -> AdmissionConfig:
+    """``tenant_extra``: a ``max_in_flight`` per tenant name."""
+    caps = tenant_extra or {}
     return AdmissionConfig.from_mapping(
         {
             "quantum_tokens": quantum,
             "credit_cap_tokens": cap,
             "tenants": [
                 {"name": n, "weight": w, "max_ready": 100, "largest_call_tokens": i + o}
+                | ({"max_in_flight": caps[n]} if n in caps else {})
                 for n, w, i, o in tenants
             ],
             **extra,
@@ -273,11 +313,114 @@ def test_service_classes_share_their_tenant_by_weight(make: Make) -> None:
     assert charge["chat"] / sum(charge.values()) == pytest.approx(0.75, abs=0.02)
 
 
+# --- per-tenant caps (max_in_flight, docs/adr/0123-tenant-caps.md) ---------------------------
+
+CAPPED: list[Tenant] = [("capped", 4, 2_000, 500), ("b", 3, 2_000, 500), ("c", 1, 2_000, 500)]
+CAP_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "admit", "admit", "end", "end", "decline", "gated", "withdraw"]),
+        st.integers(0, 2),  # tenant (submit) or which tenants a gated check passes
+        st.integers(0, 63),  # which turn in flight ends, or which queued call is withdrawn
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=CAP_OPS, cap=st.integers(1, 3))
+def test_a_capped_tenant_never_has_more_turns_in_flight_than_its_cap(
+    make: Make, ops: list[tuple[str, int, int]], cap: int
+) -> None:
+    """Whatever the interleaving of admissions, declines, gated admissions, withdrawals and
+    ended turns (ended twice, too), a tenant never has more than ``cap`` turns admitted and not
+    ended; the others are never held up by it."""
+    admitter = make(config(CAPPED, quantum=5_000, cap=20_000, tenant_extra={"capped": cap}))
+    serial = itertools.count()
+    queued: dict[str, str] = {}  # trajectory -> tenant, waiting
+    flying: list[tuple[str, str]] = []  # (tenant, trajectory), admitted and not ended, in order
+    for name, _, _, _ in CAPPED:
+        for _ in range(4):
+            tid = f"{name}-{next(serial)}"
+            admitter.submit(name, tid, input_tokens=2_000, output_allowance=500)
+            queued[tid] = name
+    for op, which, pick in ops:
+        if op in ("admit", "gated", "decline"):
+            if op == "gated":
+                passing = {n for n, *_ in CAPPED[which:]}
+                call = admitter.admit_next(lambda c, passing=passing: c.tenant in passing)
+                admitted = None if call is None else call.trajectory_id
+            else:
+                nomination = admitter.nominate()
+                admitted = None if nomination is None else nomination.call.trajectory_id
+                if nomination is not None and op == "decline":
+                    admitter.decline(nomination)
+                    admitted = None
+                elif nomination is not None:
+                    admitter.confirm(nomination)
+            if admitted is None:
+                # nothing admitted: then every tenant with a call queued is capped or refused
+                uncapped_waiting = set(queued.values()) - {"capped"}
+                assert op != "admit" or not uncapped_waiting or nomination is not None
+                continue
+            tenant = queued.pop(admitted)
+            flying.append((tenant, admitted))
+        elif op == "end" and flying:
+            tenant, tid = flying.pop(pick % len(flying))
+            assert admitter.release(tenant, tid)
+            assert not admitter.release(tenant, tid)  # ending twice credits once
+            queued[tid] = tenant  # its next turn
+            admitter.requeue(tenant, tid, input_tokens=2_000, output_allowance=500)
+        elif op == "withdraw" and queued:
+            tid = sorted(queued)[pick % len(queued)]
+            assert admitter.withdraw(tid)
+            del queued[tid]
+        mine = sum(1 for t, _ in flying if t == "capped")
+        assert mine <= cap
+        assert admitter.in_flight("capped") == mine
+        assert admitter.in_flight("b") == sum(1 for t, _ in flying if t == "b")
+
+
+def test_uncapped_tenants_share_by_weight_while_one_waits_at_its_cap(make: Make) -> None:
+    """The capped tenant (the heaviest weight) gets at most its cap in flight; the others share
+    the rest 3:1 as weighted, and its credit does not grow while it waits."""
+    admitter = make(config(CAPPED, quantum=5_000, cap=20_000, tenant_extra={"capped": 1}))
+    for name, _, i, o in CAPPED:
+        for k in range(12):  # more than can be in flight: every tenant stays backlogged
+            admitter.submit(name, f"{name}{k}", input_tokens=i, output_allowance=o)
+    flying: list[tuple[str, str]] = []
+    charge = {"capped": 0, "b": 0, "c": 0}
+    capped_credit: set[int] = set()
+    for _ in range(2_000):
+        nomination = admitter.nominate()
+        assert nomination is not None  # the uncapped tenants are backlogged throughout
+        admitter.confirm(nomination)
+        call = nomination.call
+        charge[call.tenant] += call.charge
+        flying.append((call.tenant, call.trajectory_id))
+        assert admitter.in_flight("capped") <= 1
+        if admitter.in_flight("capped") == 1:
+            capped_credit.add(credits(admitter)[0])
+        if len(flying) > 8:  # turns end oldest first, eight in flight across tenants
+            tenant, tid = flying.pop(0)
+            assert admitter.release(tenant, tid)
+            admitter.requeue(tenant, tid, input_tokens=2_000, output_allowance=500)
+    assert charge["b"] / (charge["b"] + charge["c"]) == pytest.approx(0.75, abs=0.01)
+    assert charge["capped"] / sum(charge.values()) < 4 / 8  # it would take half uncapped
+    assert max(capped_credit) <= 20_000  # at most the credit cap, never a growing debt
+
+
 # --- lockstep: the two implementations agree step by step -----------------------------------
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["submit", "submit", "requeue", "withdraw", "confirm", "decline", "gated"]),
+        st.sampled_from(
+            ["submit", "submit", "requeue", "withdraw", "confirm", "decline", "gated", "end"]
+        ),
         st.integers(0, 2),  # tenant
         st.integers(0, 1),  # class
         st.integers(1, 12_000),  # charge
@@ -288,7 +431,6 @@ OPS = st.lists(
 )
 
 
-@pytest.mark.redis
 @settings(
     max_examples=100,
     deadline=None,
@@ -298,8 +440,7 @@ OPS = st.lists(
     ops=OPS, quantum=st.sampled_from([1_000, 4_000]), weights=st.tuples(*[st.integers(1, 4)] * 3)
 )
 def test_memory_and_redis_admit_the_same_calls_step_by_step(
-    redis_client: redis.Redis,
-    key_prefix: str,
+    shared_redis: tuple[redis.Redis, str],
     ops: list[tuple[str, int, int, int, int]],
     quantum: int,
     weights: tuple[int, int, int],
@@ -316,23 +457,41 @@ def test_memory_and_redis_admit_the_same_calls_step_by_step(
         {"name": "chat", "weight": 2},
         {"name": "batch", "weight": 1},
     ]
+    document["tenants"][0]["max_in_flight"] = 2  # caps pass lanes over the same way in both
+    document["tenants"][2]["max_in_flight"] = 1
     cfg = AdmissionConfig.from_mapping(document)
     memory = Admitter(cfg, lambda: 0.0)
+    redis_client, key_prefix = shared_redis
     prefix = f"{key_prefix}-{next(_EXAMPLES)}"
     gates = RedisGates(redis_client, ROUTES, prefix=prefix)
     gates.configure()
     shared = RedisAdmitter(redis_client, cfg, prefix=prefix, clock=lambda: 0.0, gates=gates)
     queued: list[str] = []
+    flying: list[str] = []
+    tenant_of: dict[str, str] = {}
     for serial, (op, lane, klass, charge, pick) in enumerate(ops):
-        outcomes = [
-            _apply(a, op, lane, klass, charge, pick, serial, queued) for a in (memory, shared)
-        ]
-        assert outcomes[0] == outcomes[1], (op, outcomes)
-        if op in ("submit", "requeue") and outcomes[0] == "queued":
-            queued.append(f"x{serial}")
-        elif outcomes[0] not in (None, "refused", "finalize", "queued") and op != "decline":
-            queued.remove(str(outcomes[0]))
+        if op == "end":  # a turn in flight ends (twice: the second changes nothing)
+            if flying:
+                tid = flying.pop(pick % len(flying))
+                tenant = tenant_of[tid]
+                for a in (memory, shared):
+                    assert a.release(tenant, tid) and not a.release(tenant, tid)
+        else:
+            outcomes = [
+                _apply(a, op, lane, klass, charge, pick, serial, queued) for a in (memory, shared)
+            ]
+            assert outcomes[0] == outcomes[1], (op, outcomes)
+            if op in ("submit", "requeue") and outcomes[0] == "queued":
+                queued.append(f"x{serial}")
+                tenant_of[f"x{serial}"] = f"t{lane}"
+            elif outcomes[0] not in (None, "refused", "finalize", "queued") and op != "decline":
+                queued.remove(str(outcomes[0]))
+                if op != "withdraw":
+                    flying.append(str(outcomes[0]))
         assert credits(memory) == credits(shared) and depths(memory) == depths(shared)
+        for t in ("t0", "t1", "t2"):
+            assert memory.in_flight(t) == shared.in_flight(t)
+        assert memory.in_flight("t0") <= 2 and memory.in_flight("t2") <= 1
     for key in redis_client.scan_iter(match=f"{{{prefix}:*", count=1000):
         redis_client.delete(key)
 

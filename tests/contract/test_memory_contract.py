@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +19,12 @@ from store.memory_sqlite import SqliteMemory
 from store.redis_client import client_from_url
 from tests.conftest import REDIS_URL
 
-BACKENDS = ["dict", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+BACKENDS = [
+    "dict",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),
+]
 FACT, EPISODE = MemoryKind.FACT, MemoryKind.EPISODE
 NOW = 1_800_000_000_000
 
@@ -32,6 +36,9 @@ def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
     """Makes empty banks of one backend; each is closed (and its Redis keys deleted) after."""
     made: list[MemoryBank] = []
     prefixes: list[str] = []
+    url = REDIS_URL
+    if request.param == "redis-cluster":  # one owner's keys share a slot: no CROSSSLOT
+        url = request.getfixturevalue("redis_cluster_url")
 
     def make() -> MemoryBank:
         bank: MemoryBank
@@ -42,7 +49,7 @@ def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
         else:
             prefix = f"reins-test-{uuid.uuid4().hex[:12]}"
             prefixes.append(prefix)
-            bank = RedisMemory(client_from_url(REDIS_URL), prefix=prefix)
+            bank = RedisMemory(client_from_url(url), prefix=prefix)
         made.append(bank)
         return bank
 
@@ -50,7 +57,7 @@ def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
     for bank in made:
         bank.close()
     if prefixes:
-        client = redis.Redis.from_url(REDIS_URL)
+        client = client_from_url(url)
         for prefix in prefixes:
             keys = list(client.scan_iter(match=f"{{{prefix}:*", count=1000))
             if keys:

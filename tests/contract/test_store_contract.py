@@ -1,4 +1,6 @@
-"""The store contract: every test here runs against memory, SQLite and the running Redis."""
+"""The store contract: every test here runs against memory, SQLite, the running Redis and a
+three-master Redis Cluster of the session's own, where a script or a multi-key command over two
+hash slots fails with ``CROSSSLOT``."""
 
 from __future__ import annotations
 
@@ -15,28 +17,40 @@ from pathlib import Path
 
 import pytest
 
-from kernel.amounts import Amounts
 from kernel.errors import (
     ConcurrentModification,
     CorruptSnapshot,
     InvalidInput,
     SnapshotExists,
     SnapshotNotFound,
+    StoreError,
     UnsupportedSchema,
 )
-from kernel.record import Operation, OpKind, OpStatus, SettlementOwner, TrajectoryRecord
+from kernel.record import OpStatus
 from kernel.states import LifecycleState
-from store.base import TrajectoryStore
+from store.base import TrajectoryStore, prepare_commit
 from store.memory import MemoryStore
 from store.redis_client import client_from_url
+from store.redis_keys import COMMITS_KEPT
 from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
 from tests.conftest import REDIS_URL
-from tests.contract.advance_worker import advance, make_record, next_version, row_for
+from tests.contract.advance_worker import (
+    advance,
+    make_record,
+    next_version,
+    row_for,
+    with_open_call,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 S = LifecycleState
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),
+]
 
 
 @dataclass
@@ -48,6 +62,7 @@ class Backend:
     spec: str | None  # how another process opens the same store; None for memory
     raw: Callable[[str, str], bytes | None]
     poke: Callable[[str, str, bytes], None]
+    url: str = ""  # a Redis backend's server
 
 
 def _memory() -> Backend:
@@ -78,9 +93,9 @@ def _sqlite(path: Path) -> Backend:
     return Backend("sqlite", SqliteStore(path), f"sqlite:{path}", raw, poke)
 
 
-def _redis(prefix: str) -> Backend:
-    store = RedisStore(client_from_url(REDIS_URL), prefix=prefix)
-    client = client_from_url(REDIS_URL)
+def _redis(prefix: str, url: str = REDIS_URL, name: str = "redis") -> Backend:
+    store = RedisStore(client_from_url(url), prefix=prefix)
+    client = client_from_url(url)
 
     def raw(tenant: str, tid: str) -> bytes | None:
         value = client.hget(store.trajectory_keys(tenant, tid)[0], "data")
@@ -89,7 +104,7 @@ def _redis(prefix: str) -> Backend:
     def poke(tenant: str, tid: str, data: bytes) -> None:
         client.hset(store.trajectory_keys(tenant, tid)[0], "data", data)
 
-    return Backend("redis", store, f"redis:{REDIS_URL}|{prefix}", raw, poke)
+    return Backend(name, store, f"redis:{url}|{prefix}", raw, poke, url)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -98,8 +113,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         made = _memory()
     elif request.param == "sqlite":
         made = _sqlite(tmp_path / "reins.db")
-    else:
+    elif request.param == "redis":
         made = _redis(request.getfixturevalue("key_prefix"))
+    else:
+        url = request.getfixturevalue("redis_cluster_url")
+        made = _redis(request.getfixturevalue("cluster_key_prefix"), url, "redis-cluster")
     yield made
     made.store.close()
 
@@ -258,43 +276,27 @@ def test_the_state_index_follows_every_commit(store: TrajectoryStore) -> None:
     assert store.count("acme", LifecycleState.READY) == 2 and store.count("acme") == 3
 
 
-def _with_call(rec: TrajectoryRecord, status: OpStatus) -> TrajectoryRecord:
-    """``rec`` holding one tool call in ``status``, owned by the reconciler."""
-    op = Operation(
-        op_id="c1",
-        call_id="c1",
-        kind=OpKind.TOOL,
-        attempts=["c1/a1"],
-        idempotency_key="k1",
-        epoch=0,
-        reservation=Amounts.of(tool_calls=1),
-        settlement_owner=SettlementOwner.RECONCILER,
-        status=status,
-    )
-    return rec.model_copy(update={"operations": {"c1": op}})
-
-
 def test_the_owing_list_holds_exactly_the_ended_runs_with_an_open_operation(
     store: TrajectoryStore,
 ) -> None:
     for tid in ("t1", "t2", "t3"):
         store.create(make_record(tid))
     store.create(make_record("t1", tenant="globex"))
-    live = next_version(_with_call(store.load("acme", "t1"), OpStatus.REGISTERED))
+    live = next_version(with_open_call(store.load("acme", "t1"), OpStatus.REGISTERED))
     store.compare_and_set(live, 1)
     ended = S.CANCELED
     for tid in ("t2", "t3"):
-        owes = next_version(_with_call(store.load("acme", tid), OpStatus.UNKNOWN), ended)
+        owes = next_version(with_open_call(store.load("acme", tid), OpStatus.UNKNOWN), ended)
         store.compare_and_set(owes, 1)
     assert store.owing("acme") == ["t2", "t3"], "a live run's open call is the kernel's"
     assert store.owing("acme", limit=1) == ["t2"]
     assert store.owing("globex") == [] and store.owing("initech") == []
     t2 = store.load("acme", "t2")
-    store.compare_and_set(next_version(_with_call(t2, OpStatus.SETTLED)), 2)
+    store.compare_and_set(next_version(with_open_call(t2, OpStatus.SETTLED)), 2)
     assert store.owing("acme") == ["t3"], "settled: no longer owed"
     t3 = store.load("acme", "t3")
     with pytest.raises(ConcurrentModification):  # a lost race changes the list no more
-        store.compare_and_set(next_version(_with_call(t3, OpStatus.SETTLED)), 1)
+        store.compare_and_set(next_version(with_open_call(t3, OpStatus.SETTLED)), 1)
     assert store.owing("acme") == ["t3"]
 
 
@@ -443,7 +445,13 @@ def test_eight_threads_advance_one_trajectory_exactly_4000_times(backend: Backen
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "backend", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)], indirect=True
+    "backend",
+    [
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ],
+    indirect=True,
 )
 def test_four_processes_advance_one_trajectory_exactly_2000_times(backend: Backend) -> None:
     store = backend.store
@@ -480,3 +488,66 @@ def test_four_processes_advance_one_trajectory_exactly_2000_times(backend: Backe
                 proc.kill()
                 proc.wait()
     _check_history(store, counts, 2000)
+
+
+# --- the Redis backends: commands written before a commit -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("redis", marks=pytest.mark.redis), "redis-cluster"],
+    indirect=True,
+)
+def test_commands_before_a_commit_are_in_place_before_it(backend: Backend) -> None:
+    """As a worker's follow-on turn writes its custody (keys of other slots on a cluster)."""
+    store = backend.store
+    assert isinstance(store, RedisStore)
+    custody, members = f"{store.prefix}:custody:w1", f"{store.prefix}:custody-members"
+    rec = make_record()
+    store.create(rec)
+    v2 = next_version(rec, LifecycleState.CALLING_MODEL)
+    before = [("HSET", custody, "acme/t1", "2"), ("SADD", members, "w1")]
+    assert store.apply(prepare_commit(v2, 1, [row_for(v2, 0)]), before=before) == 2
+    client = client_from_url(backend.url)
+    assert client.hget(custody, "acme/t1") == b"2" and client.sismember(members, "w1")
+    client.set(f"{store.prefix}:a-string", "x")
+    v3 = next_version(v2, LifecycleState.READY)
+    wrong = [("HSET", f"{store.prefix}:a-string", "f", "v")]  # WRONGTYPE: no commit after it
+    with pytest.raises(StoreError, match="WRONGTYPE"):  # raised whatever became of the commit
+        store.apply(prepare_commit(v3, 2), before=wrong)
+    if backend.name == "redis-cluster":  # answered before the commit was sent: none was
+        assert store.load("acme", "t1") == v2 and store.list("acme", LifecycleState.READY) == []
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("redis", marks=pytest.mark.redis), "redis-cluster"],
+    indirect=True,
+)
+def test_commit_ids_are_trimmed_to_the_last_few_and_a_recent_repeat_is_still_seen(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    assert isinstance(store, RedisStore)
+    client = client_from_url(backend.url)
+    snap_key = store.trajectory_keys("acme", "t1")[0]
+    rec = make_record()
+    store.create(rec, commit_id="c-1")
+    commits = {}
+    for version in range(2, 31):
+        nxt = next_version(rec)
+        commits[version] = prepare_commit(nxt, rec.record_version, commit_id=f"c-{version}")
+        assert store.apply(commits[version]) == version
+        rec = nxt
+        assert client.hlen(snap_key) == 3 + min(version, COMMITS_KEPT), version  # v, s, data
+    assert [store.committed("acme", "t1", v) for v in range(1, 31)] == [None] * (
+        30 - COMMITS_KEPT
+    ) + [f"c-{v}" for v in range(31 - COMMITS_KEPT, 31)]
+    for version in (30, 31 - COMMITS_KEPT):  # a resend of a commit whose reply was lost
+        assert store.apply(commits[version]) == version
+    assert store.load("acme", "t1") == rec and client.hlen(snap_key) == 3 + COMMITS_KEPT
+    jumped = next_version(rec, step=70)  # a version may jump: no id below 100 - kept is left
+    store.compare_and_set(jumped, 30, commit_id="c-100")
+    assert sorted(client.hkeys(snap_key)) == [b"c100", b"data", b"s", b"v"]
+    client.close()

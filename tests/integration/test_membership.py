@@ -371,3 +371,68 @@ def test_an_idle_member_with_nothing_queued_is_never_stalled(
         membership.heartbeat("w1", Progress(taken=3, finished=3, queued=0))
     (record,) = membership.records()
     assert record.live and not record.stalled
+
+
+# --- retention: lapsed members are deleted after a while ---------------------------------------
+
+RETENTION = 60.0
+
+
+@pytest.fixture
+def retained(membership: Membership, clock: ManualClock) -> Membership:
+    """The test's membership, deleting members silent for RETENTION seconds."""
+    return Membership(
+        membership._client, membership.members_key.removesuffix(":ring:members"),
+        heartbeat_timeout_s=TIMEOUT, clock=clock, points_per_weight=POINTS, retention_s=RETENTION,
+    )  # fmt: skip
+
+
+def test_a_member_silent_past_the_retention_is_deleted_whole(
+    retained: Membership, clock: ManualClock, redis_client: redis.Redis
+) -> None:
+    retained.register("old", incarnation="x")
+    retained.drain("old")
+    retained.register("kept")
+    clock.advance(RETENTION / 2)
+    retained.heartbeat("kept")
+    clock.advance(RETENTION / 2)
+    assert retained.prune() == ()  # exactly at the retention: lapsed, still listed
+    clock.advance(0.5)
+    assert retained.prune() == ("old",)
+    assert [r.name for r in retained.records()] == ["kept"]
+    assert not any(b"old" in field for field in raw_state(redis_client, retained))
+    assert retained.prune() == ()
+
+
+def test_a_heartbeat_landing_after_the_read_keeps_its_member(
+    retained: Membership, clock: ManualClock
+) -> None:
+    retained.register("w1")
+    clock.advance(RETENTION + 1)
+    nominated = retained.records()  # w1 is past the retention in this read
+    retained.heartbeat("w1")  # ... and heartbeats before the prune runs
+    assert retained.prune(nominated) == ()
+    assert [r.name for r in retained.records()] == ["w1"]
+
+
+def test_the_replica_prunes_as_it_refreshes_and_the_ring_keeps_the_live(
+    retained: Membership, clock: ManualClock
+) -> None:
+    for name in ("w1", "w2", "w3"):
+        retained.register(name)
+    replica = ReplicaRing(retained, "router-a")
+    assert len(replica.refresh()) == 3
+    clock.advance(RETENTION + 1)
+    retained.heartbeat("w1")
+    ring = replica.refresh()
+    assert [m.name for m in ring.members] == ["w1"]
+    assert [r.name for r in retained.records()] == ["w1"]
+    assert ring.fingerprint == Ring([Member("w1")], points_per_weight=POINTS).fingerprint
+    assert {ring.lookup(k) for k in KEYS} == {"w1"}
+
+
+def test_a_retention_not_above_the_heartbeat_timeout_is_refused(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    with pytest.raises(ValueError, match="retention_s"):
+        Membership(redis_client, key_prefix, heartbeat_timeout_s=5.0, retention_s=5.0)

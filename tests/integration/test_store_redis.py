@@ -27,6 +27,7 @@ from kernel.errors import ConcurrentModification, ReinsError, StoreUnavailable
 from kernel.states import LifecycleState
 from store.base import prepare_commit
 from store.redis_client import DirectBatch, client_from_url, direct_batch, direct_command
+from store.redis_keys import COMMITS_KEPT, INDEX_BUCKETS, bucket_of
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for
@@ -216,16 +217,16 @@ def test_an_unreachable_redis_fails_after_the_bounded_attempts(fault: Fault) -> 
     )
     with pytest.raises(StoreUnavailable, match=r"commit cid-x .*unknown outcome.*3 attempts"):
         store.compare_and_set(next_version(make_record()), 1, commit_id="cid-x")
-    assert fault.connects == 3
+    assert fault.connects == 1 + 3, "the layout check (tried once), then 3 attempts"
     with pytest.raises(StoreUnavailable, match="loading trajectory t1"):
         store.load("acme", "t1")
-    assert fault.connects == 6
+    assert fault.connects == 4 + 1 + 3, "checked again: it never succeeded"
 
 
 # --- key layout -------------------------------------------------------------------------------
 
 
-def test_keys_are_tenant_scoped_and_a_trajectory_shares_one_slot(
+def test_keys_are_tenant_scoped_and_a_commit_writes_one_slot(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
     store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
@@ -234,34 +235,67 @@ def test_keys_are_tenant_scoped_and_a_trajectory_shares_one_slot(
     v2 = next_version(rec)
     store.compare_and_set(v2, 1, [row_for(v2, 0)])
     store.record("acme", "t:1/s2", {"ok": True})
-    keys = sorted({k.decode() for k in redis_client.scan_iter(match=f"{{{key_prefix}:*")})
-    tag = f"{{{key_prefix}:acme:t%3A1}}"
-    assert keys == [
-        f"{{{key_prefix}:acme:t%3A1%2Fs2}}:idem",
-        f"{tag}:chain",
-        f"{tag}:snap",
-        f"{{{key_prefix}:acme}}:index",
-    ]
-    assert key_slot(f"{tag}:snap".encode()) == key_slot(f"{tag}:chain".encode())
+    keys = sorted({k.decode() for k in redis_client.scan_iter(match=f"{{{key_prefix}*")})
+    tag = f"{{{key_prefix}:acme:#{bucket_of('t:1')}}}"
+    assert keys == sorted(
+        [
+            f"{{{key_prefix}:acme:t%3A1%2Fs2}}:idem",
+            f"{{{key_prefix}}}:layout",
+            f"{tag}:chain:t%3A1",
+            f"{tag}:index",
+            f"{tag}:snap:t%3A1",
+        ]
+    )
+    assert store.index_key_for("acme", "t:1") == f"{tag}:index"
+    assert store.index_key_for("acme", "t:1") in store.index_keys("acme")
+    assert len(set(store.index_keys("acme"))) == INDEX_BUCKETS
+    slots = {key_slot(k.encode()) for k in (*store.trajectory_keys("acme", "t:1"), f"{tag}:index")}
+    assert len(slots) == 1
+    assert redis_client.zrange(f"{tag}:index", 0, -1, withscores=True) == [(b"t:1", 1.0)]
     store.close()
 
 
-def test_the_index_is_rebuilt_from_the_snapshots(
-    redis_client: redis.Redis, key_prefix: str
-) -> None:
+def test_a_tenant_spreads_over_its_buckets_and_lists_merge_them(key_prefix: str) -> None:
     store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    ids = [f"traj-{n}" for n in range(64)]
+    for tid in ids:
+        store.create(make_record(tid))
+    assert len({bucket_of(tid) for tid in ids}) == INDEX_BUCKETS
+    assert store.list("acme") == sorted(ids)
+    assert store.count("acme", LifecycleState.READY) == 64
+    pages = [store.page("acme", LifecycleState.READY, offset, 10) for offset in range(0, 70, 10)]
+    assert [len(page) for page in pages] == [10] * 6 + [4]
+    walked = [tid for page in pages for tid in page]
+    assert sorted(walked) == sorted(ids) and len(set(walked)) == 64
+    assert walked == sorted(ids, key=lambda tid: (bucket_of(tid), tid)), "bucket, then id order"
+    store.close()
+
+
+@pytest.mark.parametrize("topology", ["single", "cluster"])
+def test_the_index_is_rebuilt_from_the_snapshots(
+    request: pytest.FixtureRequest, topology: str
+) -> None:
+    if topology == "single":
+        redis_client, key_prefix = (
+            request.getfixturevalue("redis_client"),
+            request.getfixturevalue("key_prefix"),
+        )
+    else:
+        redis_client = request.getfixturevalue("redis_cluster")
+        key_prefix = request.getfixturevalue("cluster_key_prefix")
+    store = RedisStore(redis_client, prefix=key_prefix)
     for tid in ("t1", "t2", "t:3"):
         store.create(make_record(tid))
     store.create(make_record("t9", tenant="globex"))
     t2 = store.load("acme", "t2")
     store.compare_and_set(next_version(t2, LifecycleState.PAUSED), 1)
-    redis_client.delete(store.index_key("acme"))
-    assert store.list("acme") == []
+    redis_client.delete(*store.index_keys("acme"))
+    redis_client.zadd(store.index_key_for("acme", "gone"), {"gone": 1})  # a stale entry
+    assert store.list("acme") == ["gone"]
     assert store.rebuild_index("acme") == 3
     assert store.list("acme", LifecycleState.READY) == ["t1", "t:3"]
     assert store.list("acme", LifecycleState.PAUSED) == ["t2"]
-    assert store.list("globex") == ["t9"]
-    store.close()
+    assert store.list("globex") == ["t9"]  # the fixture closes the client
 
 
 # --- a test-owned server: NOSCRIPT and durability ---------------------------------------------
@@ -323,9 +357,11 @@ def test_no_acknowledged_commit_is_lost_when_redis_is_killed(own_redis: OwnRedis
     last = acked[-1][0]
     version = fresh.load("acme", "t1").record_version
     assert version in (last, last + 1)  # the commit in flight at the kill may have landed
-    assert all(fresh.committed("acme", "t1", v) == cid for v, cid in acked)
+    recent = [(v, cid) for v, cid in acked if v > version - COMMITS_KEPT]  # older ids trimmed
+    assert recent and all(fresh.committed("acme", "t1", v) == cid for v, cid in recent)
     rows = fresh.read("acme", "t1")
     assert [row.index for row in rows] == list(range(version - 1))
+    assert [row.record_version for row in rows] == list(range(2, version + 1))
     fresh.close()
 
 
@@ -346,8 +382,48 @@ def test_direct_commands_give_the_raw_reply_and_keep_the_connection_after_an_err
         run("LPUSH", key, "y")
     assert run("HMGET", key, "v") == [b"3"], "the connection answers the next command in order"
     pool = client.connection_pool
-    assert len(pool._in_use_connections) == 0, "every connection went back to the pool"
+    assert len(pool._in_use_connections) == 1, "an error reply does not spend the connection"
     client.close()
+
+
+def test_each_thread_keeps_its_own_connection_and_a_killed_one_is_replaced(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The direct path pins one connection per thread: the same one call after call, another
+    in another thread; one the server closed fails its next call as a transient error (the
+    store's retries take it from there) and the thread takes a fresh one."""
+    client = redis.Redis.from_url(REDIS_URL)
+    run = direct_command(client)
+    mine = run("CLIENT", "ID")
+    assert run("CLIENT", "ID") == mine
+    theirs: list[Any] = []
+    other = threading.Thread(target=lambda: theirs.append(run("CLIENT", "ID")))
+    other.start()
+    other.join()
+    assert theirs and theirs[0] != mine
+    assert redis_client.client_kill_filter(_id=mine) == 1
+    with pytest.raises(redis.ConnectionError):
+        run("CLIENT", "ID")
+    fresh = run("CLIENT", "ID")
+    assert fresh != mine and run("CLIENT", "ID") == fresh
+    batch = direct_batch(client)
+    assert batch.execute_command("CLIENT", "ID").execute() == [fresh], "batches share it"
+    client.close()
+
+
+def test_a_store_carries_on_after_its_connection_is_killed(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    rec = make_record("t1", "acme")
+    store.create(rec)
+    pinned = store._execute("CLIENT", "ID")
+    assert redis_client.client_kill_filter(_id=pinned) == 1
+    assert store.load("acme", "t1") == rec, "the read is retried on a fresh connection"
+    moved = next_version(rec)
+    assert store.compare_and_set(moved, rec.record_version) == moved.record_version
+    assert store._execute("CLIENT", "ID") != pinned
+    store.close()
 
 
 def test_a_client_pinned_to_one_connection_keeps_its_own_execute_command() -> None:
@@ -380,7 +456,7 @@ def test_a_direct_batch_answers_as_a_pipeline_does(
     with pytest.raises(NoScriptError):
         batch.execute()
     assert batch.execute() == [], "nothing queued: nothing sent"
-    assert len(client.connection_pool._in_use_connections) == 0
+    assert len(client.connection_pool._in_use_connections) == 1, "the thread's one connection"
     pinned = redis.Redis.from_url(REDIS_URL, single_connection_client=True)
     assert not isinstance(direct_batch(pinned), DirectBatch)
     pinned.close()

@@ -233,3 +233,101 @@ def test_backlogged_shares_stay_within_one_quantum_and_one_cap_of_their_weights(
         )
         per_weight = [s / w for s, w in zip(served, weights, strict=True)]
         assert max(per_weight) - min(per_weight) <= bound
+
+
+# --- the active lists against a scan of every lane ---------------------------------------------
+
+
+class ScanDrr:
+    """The policy of router/drr.py for one-class tenants with no active lists: each lane holds
+    a ticket taken when it joined the tail of its list, and the head of a list is found by
+    scanning every lane for the smallest ticket. Slow (every pick reads every tenant) and
+    obviously in order, so the deques can be held to it."""
+
+    def __init__(self, quanta: list[int], cap: int) -> None:
+        self.quanta, self.cap = quanta, cap
+        self.credit = [0] * len(quanta)
+        self.queue: list[deque[tuple[str, int]]] = [deque() for _ in quanta]
+        self.listed = [UNLISTED] * len(quanta)
+        self.ticket = [0] * len(quanta)
+        self.tickets = 0
+
+    def _to_tail(self, lane: int, listed: int) -> None:
+        self.tickets += 1
+        self.listed[lane], self.ticket[lane] = listed, self.tickets
+
+    def _head(self, listed: int) -> int | None:
+        lanes = [i for i, x in enumerate(self.listed) if x == listed]
+        return min(lanes, key=lambda i: self.ticket[i]) if lanes else None
+
+    def enqueue(self, lane: int, tid: str, charge: int) -> None:
+        self.queue[lane].append((tid, charge))
+        if len(self.queue[lane]) == 1:
+            self.credit[lane] = min(self.quanta[lane], self.cap)
+            if self.listed[lane] == UNLISTED:
+                self._to_tail(lane, NEW)
+
+    def admit(self) -> str | None:
+        for _ in range(10_000):
+            lane = self._head(NEW)
+            lane = self._head(OLD) if lane is None else lane
+            if lane is None:
+                return None
+            if not self.queue[lane]:
+                self.listed[lane] = UNLISTED
+                continue
+            tid, charge = self.queue[lane][0]
+            if charge <= self.credit[lane]:
+                self.queue[lane].popleft()
+                self.credit[lane] -= charge
+                if not self.queue[lane]:
+                    self._emptied(lane)
+                return tid
+            self.credit[lane] = min(self.credit[lane] + self.quanta[lane], self.cap)
+            self._to_tail(lane, OLD)
+        raise AssertionError("no call admitted in 10,000 visits")
+
+    def _emptied(self, lane: int) -> None:
+        self.credit[lane] = 0
+        if self.listed[lane] == NEW:
+            self._to_tail(lane, OLD)
+        elif self._head(OLD) == lane:
+            self.listed[lane] = UNLISTED
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=40)
+    | st.lists(st.integers(1, 4), min_size=1, max_size=5),
+    st.lists(st.tuples(st.booleans(), st.integers(0, 39), st.integers(100, 5_000)), max_size=300),
+)
+def test_the_active_lists_admit_in_the_order_a_scan_of_every_lane_does(
+    weights: list[int], steps: list[tuple[bool, int, int]]
+) -> None:
+    """O(1) picks from the new and old lists, against the O(tenants) reference, on the same
+    arrivals: the same calls admitted in the same order."""
+    config = AdmissionConfig.from_mapping(
+        {
+            "quantum_tokens": 1_000,
+            "credit_cap_tokens": 9_000,
+            "tenants": [
+                {"name": f"t{i}", "weight": w, "max_ready": 10**6, "largest_call_tokens": 5_000}
+                for i, w in enumerate(weights)
+            ],
+        }
+    )
+    admitter = Admitter(config, lambda: 0.0)
+    state = admitter.state
+    scan = ScanDrr([lane.quantum for lane in state.lanes], state.credit_cap)
+    for serial, (arrives, lane, charge) in enumerate(steps):
+        if arrives:
+            lane %= len(weights)
+            tid = f"c{serial}"
+            admitter.submit(f"t{lane}", tid, input_tokens=charge - 1, output_allowance=1)
+            scan.enqueue(lane, tid, charge)
+            continue
+        nomination = admitter.nominate()
+        expected = scan.admit()
+        assert (nomination.call.trajectory_id if nomination else None) == expected
+        if nomination is not None:
+            admitter.confirm(nomination)

@@ -223,3 +223,42 @@ def test_each_share_is_within_ten_percent_of_its_weight_share_at_default_points(
     for name, weight in chosen:
         expected = weight / total
         assert abs(shares[name] - expected) <= 0.10 * expected, (name, shares[name], expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(fleets(min_size=0), fleets(), points_per_weight, index_bits, st.data())
+def test_a_ring_evolved_by_its_difference_is_the_ring_built_from_scratch(
+    before: list[Member],
+    after: list[Member],
+    per_weight: int,
+    bits: int | None,
+    data: st.DataObject,
+) -> None:
+    """The incremental path (points dropped and merged, the index shifted) places every key
+    where a fresh build does, and leaves the ring it started from as it was."""
+    # Some members stay (perhaps with another weight or state), some leave, some arrive.
+    kept = (
+        data.draw(st.lists(st.sampled_from(before), unique_by=lambda m: m.name)) if before else []
+    )
+    arriving = [m for m in after if m.name not in {k.name for k in kept}]
+    target = [
+        Member(m.name, data.draw(weights), data.draw(st.sampled_from(list(MemberState))))
+        for m in kept
+    ] + arriving
+    assume(any(not m.draining for m in target))
+    old = Ring(before, points_per_weight=per_weight, index_bits=bits)
+    old_placement = {p: _owner_or_none(old, p) for p in probe_positions(old, [])}
+    evolved = old.evolved(target)
+    fresh = Ring(target, points_per_weight=per_weight, index_bits=bits)
+    assert evolved.fingerprint == fresh.fingerprint
+    assert evolved.point_count == fresh.point_count
+    for position in probe_positions(fresh, probe_positions(old, [])):
+        assert evolved.lookup_position(position) == fresh.lookup_position(position)
+    assert {p: _owner_or_none(old, p) for p in old_placement} == old_placement
+
+
+def _owner_or_none(ring: Ring, position: int) -> str | None:
+    try:
+        return ring.lookup_position(position)
+    except EmptyRing:
+        return None

@@ -14,6 +14,7 @@ from kernel.errors import ClaimLapsed, ConfigError, StaleNomination, SubmissionR
 from kernel.events import Admit
 from kernel.states import LifecycleState
 from kernel.step import step
+from router import drr
 from router.admitter import Admitter
 from router.drr import ReadyCall
 from router.gates import Feedback, GateConfig, MemoryGates
@@ -397,3 +398,31 @@ def test_a_lapsed_claim_requeued_after_its_lane_emptied_is_admitted_again(
     assert done.requeued == (lost.call.trajectory_id,)
     again = admitter.nominate()
     assert again is not None and again.call.trajectory_id == lost.call.trajectory_id
+
+
+def test_a_long_skip_list_is_walked_past_page_by_page_as_in_process(
+    redis_client: redis.Redis, key_prefix: str, clock: ManualClock
+) -> None:
+    """More lanes skipped than pick.lua reads in one page: the claim lands on the first lane
+    not skipped, as drr.nominate's does on the same arrivals, in the new list and then old."""
+    tenants = [
+        {"name": f"t{i:02d}", "weight": 1, "max_ready": 5, "largest_call_tokens": 1_000}
+        for i in range(80)
+    ]
+    config = AdmissionConfig.from_mapping(
+        {"quantum_tokens": 1_000, "credit_cap_tokens": 2_000, "tenants": tenants}
+    )
+    shared = RedisAdmitter(redis_client, config, prefix=key_prefix, clock=clock)
+    local = Admitter(config, clock)
+    for admitter in (shared, local):
+        for i in range(80):
+            admitter.submit(f"t{i:02d}", f"t{i:02d}-a", input_tokens=900, output_allowance=100)
+            admitter.submit(f"t{i:02d}", f"t{i:02d}-b", input_tokens=900, output_allowance=100)
+    for skipped in (70, 40, 0):
+        skip = list(range(skipped))
+        claim = shared.claim(skip=skip).claim
+        nomination = drr.nominate(local.state, set(skip), ())
+        assert claim is not None and nomination is not None
+        assert claim.call.trajectory_id == nomination.call.trajectory_id
+        shared.confirm(claim)
+        local.confirm(nomination)

@@ -427,3 +427,32 @@ def test_jain_index() -> None:
     assert jain_index([1.0, 1.0, 1.0]) == pytest.approx(1.0)
     assert jain_index([3.0, 0.0, 0.0]) == pytest.approx(1 / 3)
     assert jain_index([]) is None and jain_index([0.0]) is None
+
+
+def test_turns_running_before_the_admitter_was_built_count_against_the_cap() -> None:
+    """A router that takes the local admitter over counts the acting trajectories it finds in
+    the store (``router.chores.rebuild_queues``), so the cap holds across the handover."""
+    cfg = AdmissionConfig.from_mapping(
+        {
+            "quantum_tokens": 1_000,
+            "credit_cap_tokens": 4_000,
+            "tenants": [
+                {"name": "acme", "weight": 1, "max_ready": 9, "largest_call_tokens": 1_000}
+                | {"max_in_flight": 2},
+                {"name": "globex", "weight": 1, "max_ready": 9, "largest_call_tokens": 1_000},
+            ],
+        }
+    )
+    admitter = Admitter(cfg, lambda: 0.0)
+    admitter.running("acme", "old-1")
+    admitter.running("acme", "old-2")
+    admitter.running("initech", "x")  # a tenant this version does not know: nothing to count
+    admitter.submit("acme", "a", input_tokens=100, output_allowance=100)
+    admitter.submit("globex", "g", input_tokens=100, output_allowance=100)
+    nomination = admitter.nominate()
+    assert nomination is not None and nomination.call.trajectory_id == "g"
+    admitter.confirm(nomination)
+    assert admitter.nominate() is None and admitter.in_flight("acme") == 2
+    assert admitter.release("acme", "old-1")
+    nomination = admitter.nominate()
+    assert nomination is not None and nomination.call.trajectory_id == "a"

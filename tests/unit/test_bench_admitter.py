@@ -14,6 +14,9 @@ def test_bench_admitter_quick_run_reports_every_field() -> None:
         "noisy_neighbor_p99_ratio",
         "fifo_noisy_neighbor_p99_ratio",
         "noisy_neighbor_baseline_p99_s",
+        "admissions_per_s_at_10k_tenants",
+        "ratio_10k_to_3_tenants",
+        "bytes_per_tenant",
     ):
         assert isinstance(result[field], int | float), field
     assert isinstance(result["admissions"], int) and result["admissions"] >= 10_000

@@ -18,6 +18,8 @@ FIELDS = {
     "modulo_moved_fraction",
     "uhashring_version",
     "xxhash_version",
+    "rebuild_ms_at_200",
+    "rss_mb_at_200",
 }
 
 
@@ -38,3 +40,6 @@ def test_quick_run_reports_every_figure() -> None:
     assert 0.0 < result["moved_fraction_on_add"] < 0.2
     assert result["modulo_moved_fraction"] > 0.8  # modulo moves almost everything
     assert result["uhashring_version"] != "unknown"
+    # The ring at 200 members, built in a fresh process (quick runs skip 1,000).
+    assert result["points_at_200"] == 200 * result["points_per_member"]
+    assert 1.0 <= result["max_over_mean_share_at_200"] < 1.2

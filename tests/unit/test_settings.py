@@ -49,3 +49,10 @@ def test_the_test_suites_variables_are_not_settings() -> None:
     assert s == Settings.from_env({})
     with pytest.raises(ConfigError, match="REINS_TESTS_REDIS_URL"):
         Settings.from_env({"REINS_TESTS_REDIS_URL": "x"})
+
+
+def test_a_member_retention_not_above_the_heartbeat_timeout_is_refused_naming_both() -> None:
+    assert Settings.from_env({}).member_retention_s == 3600.0
+    env = {"REINS_MEMBER_RETENTION_S": "5", "REINS_HEARTBEAT_TIMEOUT_S": "5"}
+    with pytest.raises(ConfigError, match=r"REINS_MEMBER_RETENTION_S.*REINS_HEARTBEAT_TIMEOUT_S"):
+        Settings.from_env(env)

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from kernel.errors import ConfigError, InvalidInput
+from router.retention import DAY_S, retention_s
 from router.tenants import DEFAULT_CLASS, AdmissionConfig
 
 TOML = """
@@ -132,6 +133,8 @@ def test_cap_equal_to_largest_call_is_accepted() -> None:
         (doc(surprise=1), "surprise"),
         (with_tenant(0, name="has space"), "name"),
         (with_tenant(0, max_ready=0), "max_ready"),
+        (with_tenant(0, retention_days=-1), r"tenants\['acme'\]\.retention_days"),
+        (with_tenant(0, retention_days=0), "retention_days: Input should be greater than 0"),
         (with_tenant(0, budget_max={"dollars": "0"}), "dollars"),
         (with_tenant(0, budget_max={"minutes": 3}), "minutes"),
         (with_tenant(1, name="acme"), "tenant names repeat"),
@@ -150,6 +153,13 @@ def test_bad_documents_are_refused_with_the_field_named(
     with pytest.raises(ConfigError, match=match) as info:
         AdmissionConfig.from_mapping(document)
     assert isinstance(info.value, InvalidInput)
+
+
+def test_retention_is_the_tenants_own_or_the_default() -> None:
+    config = AdmissionConfig.from_mapping(with_tenant(1, retention_days=7))
+    assert retention_s(config, "globex", 30.0) == 7 * DAY_S
+    assert retention_s(config, "acme", 30.0) == 30 * DAY_S
+    assert retention_s(config, "retired-tenant", 2.5) == 2.5 * DAY_S
 
 
 def test_configuration_is_frozen() -> None:
