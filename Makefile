@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: all venv lint test test-fast demo bench redis tools clean
+.PHONY: all venv lint test test-fast demo bench redis rabbitmq tools clean
 
 all: lint test
 
@@ -21,6 +21,10 @@ venv: $(STAMP)
 redis:
 	@bash ops/scripts/ensure-redis.sh
 
+# The fleet tests run on RabbitMQ as well: check that one answers (never installs it).
+rabbitmq: venv
+	@PYTHON=$(PY) bash ops/scripts/ensure-rabbitmq.sh
+
 # helm at .tools/helm, a prometheus binary and a headless chromium with its chromedriver, for
 # the chart, dashboard and console (browser) tests.
 tools:
@@ -35,11 +39,11 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 # The whole suite, chaos runs included (CI runs exactly this).
-test: venv redis tools lint
+test: venv redis rabbitmq tools lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # For a quick local loop: skips the runs marked slow.
-test-fast: venv redis
+test-fast: venv redis rabbitmq
 	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: venv

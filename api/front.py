@@ -22,13 +22,14 @@ from kernel.errors import SnapshotNotFound, UnknownAgent
 from kernel.settings import Settings
 from kernel.tools import Catalog
 from router.agents import AgentCache
-from router.broker import TaskPublisher, make_app
+from router.broker import make_app
 from router.custody import Custody
 from router.feed import Feed
 from router.fleet_config import ConfigSource, FleetConfig, importable
 from router.membership import Membership
 from router.ring import Ring
 from router.submit import RouterApi, Submitted
+from router.wire import Publisher, publisher_for
 from store.memory_redis import RedisMemory
 from store.redis_async import async_client_for
 from store.redis_client import client_for
@@ -55,7 +56,7 @@ class Front:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _send_lock: threading.Lock = field(default_factory=threading.Lock)
     _api: tuple[int, RouterApi] | None = None
-    _publisher: TaskPublisher | None = None
+    _publisher: Publisher | None = None
     _custody: Custody | None = None
     _tail: Any = None  # redis.asyncio.Redis, built on first use (in the event loop's process)
 
@@ -129,8 +130,7 @@ class Front:
         """Send a turn message now, its custody entry first (one at a time: custody buffers)."""
         with self._send_lock:
             if self._publisher is None or self._custody is None:
-                broker = client_for(self.settings, broker=True)
-                self._publisher = TaskPublisher(make_app(self.settings), broker, self.settings)
+                self._publisher = publisher_for(self.settings, make_app(self.settings))
                 self._custody = Custody(self.client, self.settings.key_prefix)
             self._custody.sending(self._publisher.send)(member, payload)
 

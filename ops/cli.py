@@ -31,12 +31,17 @@ def bench_cmd(
     trajectories: int | None = typer.Option(
         None, "--trajectories", help="bench scale: trajectories to simulate"
     ),
+    broker: str | None = typer.Option(
+        None, "--broker", help="fleet: the broker, redis (the default) or amqp (RabbitMQ)"
+    ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
     if trajectories is not None and trajectories < 1:
         raise typer.BadParameter(f"--trajectories must be at least 1, got {trajectories}")
-    options = benchmarks.options(name, run, cluster=cluster, trajectories=trajectories)
+    options = benchmarks.options(
+        name, run, cluster=cluster, trajectories=trajectories, broker=broker
+    )
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
         result = run(quick=quick, **options)

@@ -24,7 +24,7 @@ from kernel.settings import Settings
 from router import fleet_config
 from router.admitter import Admitter
 from router.agents import AgentCache
-from router.broker import TaskPublisher, make_app
+from router.broker import make_app
 from router.custody import Custody
 from router.dispatch import Dispatcher, Sender
 from router.feed import Feed
@@ -36,6 +36,7 @@ from router.observe import RouterObserver
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
+from router.wire import Publisher, publisher_for
 from store.redis_client import client_for
 from store.redis_store import RedisStore
 
@@ -102,7 +103,7 @@ class Outbox:
     turn: Sender
     now: Sender
     custody: Custody
-    publisher: TaskPublisher | None = None
+    publisher: Publisher | None = None
 
     @classmethod
     def wire(cls, settings: Settings, custody: Custody, sender: Sender | None) -> Outbox:
@@ -110,8 +111,7 @@ class Outbox:
         if sender is not None:
             send = custody.sending(sender)
             return cls(send, send, custody)
-        broker = client_for(settings, broker=True)
-        publisher = TaskPublisher(make_app(settings), broker, settings)
+        publisher = publisher_for(settings, make_app(settings))
         turn = custody.buffering(publisher.turn)  # flushed before the publisher
         return cls(turn, custody.sending(publisher.send), custody, publisher)
 

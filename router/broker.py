@@ -1,10 +1,14 @@
-"""The broker side of the wire: the fleet's Celery configuration, its queues, and the publisher.
+"""The broker side of the wire: the fleet's Celery configuration, its queues, and the Redis
+broker's publisher.
 
 Nothing here connects at import. :func:`make_app` builds the app for one deployment (broker
 ``REINS_BROKER_URL``, late acknowledgement, prefetch 1, an explicit visibility timeout, every
 key under ``<REINS_KEY_PREFIX>:celery:``, a thread pool); a router sends with it and a worker
 (:mod:`worker.celery_app`) registers its turn task on it. Each worker consumes one queue, named
-after its ring member (:func:`queue_for`). Design: ``docs/adr/0006-fleet-wire.md``.
+after its ring member (:func:`queue_for`). The broker is Redis or RabbitMQ, chosen by the URL's
+scheme (:func:`broker_kind`); RabbitMQ's half of the wire is :mod:`router.amqp_wire`, and
+:mod:`router.wire` picks the one of a deployment. Design: ``docs/adr/0006-fleet-wire.md``,
+``docs/adr/0180-amqp-broker.md``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import base64
 import json
 import math
 import uuid
+from enum import StrEnum
 from typing import Any
 
 import redis
@@ -29,8 +34,43 @@ NOOP_TASK = "reins.noop"
 QUEUE_PREFIX = "reins.turns."
 
 
+class BrokerKind(StrEnum):
+    """The brokers the wire speaks, by the scheme of ``REINS_BROKER_URL``."""
+
+    REDIS = "redis"  # redis://, rediss://: messages pushed straight onto kombu's lists
+    AMQP = "amqp"  # amqp://, amqps://: RabbitMQ, through kombu's producer with confirms
+
+
+_SCHEMES = {
+    "redis": BrokerKind.REDIS,
+    "rediss": BrokerKind.REDIS,
+    "amqp": BrokerKind.AMQP,
+    "amqps": BrokerKind.AMQP,
+    "pyamqp": BrokerKind.AMQP,
+}
+
+
+def broker_kind(url: str) -> BrokerKind:
+    """The kind of broker ``url`` names; raises :class:`InvalidInput` naming REINS_BROKER_URL
+    for any other scheme."""
+    kind = _SCHEMES.get(url.split("://", 1)[0]) if "://" in url else None
+    if kind is None:
+        raise InvalidInput(
+            "REINS_BROKER_URL: the broker must be Redis (redis://, rediss://) or RabbitMQ "
+            f"(amqp://, amqps://), got {url.split('://', 1)[0]!r}"
+        )
+    return kind
+
+
+def noops_key(prefix: str) -> str:
+    """The hash where each worker tells ``<count>:<time of the last>`` of the no-op tasks it
+    ran (at its heartbeat, when the count changed): the end of ``reins bench fleet``'s
+    baseline on a broker that cannot say when its last message was acknowledged."""
+    return f"{prefix}:fleet:noops"
+
+
 def queue_for(member: str) -> str:
-    """The Celery queue of ring member ``member``."""
+    """The Celery queue of ring member ``member``, without the deployment's prefix."""
     return QUEUE_PREFIX + check_name(member)
 
 
@@ -39,14 +79,33 @@ def broker_keyprefix(settings: Settings) -> str:
     return f"{settings.key_prefix}:celery:"
 
 
+def celery_queue(settings: Settings, member: str) -> str:
+    """The queue name Celery is given for ``member``: on Redis kombu adds the deployment's
+    prefix to every key itself; RabbitMQ has no such option, so the name carries it."""
+    if broker_kind(settings.broker_url) is BrokerKind.AMQP:
+        return broker_keyprefix(settings) + queue_for(member)
+    return queue_for(member)
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery configuration of the fleet (see the module docstring for each choice)."""
-    if settings.broker_url.split("://", 1)[0] not in ("redis", "rediss"):
-        raise InvalidInput(
-            f"REINS_BROKER_URL: only a Redis broker is supported, got {settings.broker_url!r}"
-        )
+    common = _common_config(settings)
+    if broker_kind(settings.broker_url) is BrokerKind.AMQP:
+        return {
+            **common,
+            "broker_transport_options": {
+                # send_task waits for the broker's confirm (reins's own publisher confirms
+                # a batch at a time: router.amqp_wire).
+                "confirm_publish": True,
+                "read_timeout": settings.redis_timeout_s,
+                "write_timeout": settings.redis_timeout_s,
+            },
+            # Quorum queues take per-consumer prefetch only (Celery sees them in the queues
+            # it consumes: worker.celery_app registers the member queue).
+            "worker_detect_quorum_queues": True,
+        }
     return {
-        "broker_url": settings.broker_url,
+        **common,
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,
             "global_keyprefix": broker_keyprefix(settings),
@@ -63,6 +122,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # loop): kombu drops it once a reply is this overdue (its default is 25 s).
             "health_check_interval": max(1, math.ceil(settings.redis_timeout_s)),
         },
+    }
+
+
+def _common_config(settings: Settings) -> dict[str, Any]:
+    """What the fleet's Celery configuration is on every broker."""
+    return {
+        "broker_url": settings.broker_url,
         "broker_connection_timeout": settings.redis_connect_timeout_s,
         "broker_connection_retry_on_startup": True,
         "task_acks_late": True,

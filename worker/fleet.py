@@ -33,7 +33,7 @@ from kernel.errors import InvalidInput, UnknownMember
 from kernel.settings import Settings
 from kernel.tools import ToolBackend
 from router.agents import AgentCache
-from router.broker import broker_keyprefix, queue_figures, queue_for, take_queued_turns
+from router.broker import noops_key
 from router.custody import Custody
 from router.feed import CancelListener, Feed
 from router.fleet_config import ConfigSource, importable
@@ -42,6 +42,7 @@ from router.health import Beat, HealthServer, live_within_s, serve_probes
 from router.membership import Membership, Progress
 from router.redis_gates import RedisGates
 from router.turn_message import HandBackWhy, TurnMessage
+from router.wire import member_queue
 from store.memory_redis import RedisMemory
 from store.redis_client import client_for
 from worker.allowed import AllowListedStore
@@ -85,17 +86,16 @@ class FleetWorker:
     ) -> None:
         self.settings, self.options = settings, options
         self.name = options.name
-        self.queue = queue_for(self.name)
         self.client = client if client is not None else client_for(settings)
         self.store = AllowListedStore(
             self.client, prefix=settings.key_prefix, retry_attempts=settings.redis_retry_attempts
         )
         source = self.store.source = ConfigSource(self.client, settings.key_prefix)
-        self.broker = (
-            self.client
-            if client is not None or settings.broker_url == settings.redis_url
-            else client_for(settings, broker=True)
+        redis_broker = (
+            self.client if client is not None or settings.broker_url == settings.redis_url else None
         )
+        self.broker = member_queue(settings, self.name, redis_broker)
+        self.queue = self.broker.name
         self.membership = Membership.of(self.client, settings)
         self.incarnation = uuid.uuid4().hex  # this process; a restart under the name is another
         self.feed = Feed(self.client, settings.key_prefix)
@@ -150,6 +150,7 @@ class FleetWorker:
         self.registered = False
         self.taken = self.finished = 0  # messages this consumer took, and finished
         self.turn_cpu_s = 0.0  # CPU the turns themselves took in their threads (not Celery's)
+        self.noops, self.last_noop_at, self._noops_told = 0, 0.0, 0  # the benchmark's no-ops
         self._figures = threading.Lock()
 
     def _follow_on(
@@ -208,6 +209,20 @@ class FleetWorker:
         with self._figures:
             self.turn_cpu_s += spent
 
+    def note_noop(self) -> None:
+        """A no-op task ran here (``reins bench fleet`` counts them)."""
+        with self._figures:
+            self.noops += 1
+            self.last_noop_at = time.time()
+
+    def _report_noops(self) -> None:
+        """Tell the benchmark how many no-op tasks ran here, and when the last one did."""
+        with self._figures:
+            noops, at = self.noops, self.last_noop_at
+        if noops != self._noops_told:
+            self.client.hset(noops_key(self.settings.key_prefix), self.name, f"{noops}:{at:.6f}")
+            self._noops_told = noops
+
     def _count(self, what: str) -> None:
         with self._figures:
             self.drain_figures[what] += 1
@@ -252,6 +267,7 @@ class FleetWorker:
             except Exception as exc:
                 log.warning("%s of %s failed at shutdown: %s", last.__name__, self.name, exc)
         self.listener.stop()
+        self.broker.close()
         with contextlib.suppress(UnknownMember):
             self.membership.remove(self.name)
         turns = self.runner.turns
@@ -310,6 +326,7 @@ class FleetWorker:
         chores: tuple[Callable[[], object], ...] = (
             self._beat_once,
             self._flush_delays,
+            self._report_noops,
             self.leases.renew_due,
             self.runner.push_kept,
         )
@@ -338,7 +355,7 @@ class FleetWorker:
 
     def _report_queue(self) -> None:
         """Tell the observer this member's queue depth and its oldest message's age."""
-        depth, age = queue_figures(self.broker, self.settings, self.name, time.time())
+        depth, age = self.broker.figures(time.time())
         self.runner.observer.on_queue(self.name, depth, age)
 
     def _flush_delays(self) -> None:
@@ -392,7 +409,7 @@ class FleetWorker:
             self.runner.active,
             self.queued(),
         )
-        while payloads := take_queued_turns(self.broker, self.settings, self.name, 256):
+        while payloads := self.broker.take_turns(256):
             for payload in payloads:
                 try:
                     msg = TurnMessage.from_payload(payload)
@@ -404,8 +421,7 @@ class FleetWorker:
 
     def queued(self) -> int:
         """Messages waiting in this member's queue."""
-        waiting: Any = self.broker.llen(broker_keyprefix(self.settings) + self.queue)
-        return int(waiting)
+        return self.broker.depth()
 
     def drained(self) -> bool:
         """Every live router stopped placing turns here, none is queued and none runs."""
@@ -426,7 +442,7 @@ def run_worker(
     worker = FleetWorker(settings, options, observer=observer)
     worker.boot()
     probes = worker.probes()
-    app = worker_app(settings, worker.handle_turn)
+    app = worker_app(settings, worker.handle_turn, worker.broker.consumed(), worker.note_noop)
 
     def ready(**_: Any) -> None:
         worker.on_ready()

@@ -1,7 +1,10 @@
 """``reins bench fleet``: turns per second through the whole fleet, beside Celery doing nothing.
 
 Two routers and two workers as local processes on the machine's Redis, a scripted model, tools
-that take no time. The fields and the method are described in ``docs/benchmarks.md``.
+that take no time. The broker is the store's Redis (``REINS_BROKER_URL``) or, with
+``--broker amqp``, RabbitMQ (``REINS_BROKER_URL`` when it is an AMQP URL, else the local
+server as guest); the baseline goes through the same broker. The fields and the method are
+described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -24,13 +27,26 @@ from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.state import MemoryState
 from kernel.agent import AgentModule
 from kernel.budget import Budget
+from kernel.errors import InvalidInput
 from kernel.settings import Settings
 from kernel.states import TERMINAL, StopReason
 from ops.fleet_local import LocalFleet, process_cpu_s, wait_for
-from router.broker import NOOP_TASK, TaskPublisher, broker_keyprefix, make_app, queue_for
+from router.amqp_wire import delete_queues
+from router.broker import (
+    NOOP_TASK,
+    BrokerKind,
+    broker_keyprefix,
+    broker_kind,
+    celery_queue,
+    make_app,
+    noops_key,
+    queue_for,
+)
 from router.feed import Feed
 from router.service import SEND_BURST, RouterOptions, RouterService
 from router.submit import RouterApi
+from router.wire import publisher_for
+from store.redis_client import text
 
 TENANTS = ("acme", "globex", "initech")
 ORDERS = {
@@ -38,6 +54,7 @@ ORDERS = {
     for n in range(100, 140)
 }
 ROUNDS = 3  # noop and zero-latency phases, alternating
+LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 WORKERS = ("w1", "w2")
 BUDGET = Budget(
     max_steps=40,
@@ -84,12 +101,26 @@ fast_agent = AgentModule(profile=_base, make_backend=_backend, make_policy=_poli
 slow_agent = AgentModule(profile=_base, make_backend=_backend, make_policy=_policy(1.0))
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Start the fleet, run the three phases, end every process, clean the keys."""
-    base = Settings.from_env(os.environ)
+def _broker_url(base: Settings, broker: str) -> str:
+    """The URL of the broker the run measures (``broker``: redis or amqp)."""
+    try:
+        wanted = BrokerKind(broker)
+    except ValueError:
+        raise InvalidInput(f"--broker: redis or amqp, got {broker!r}") from None
+    if broker_kind(base.broker_url) is wanted:
+        return base.broker_url
+    return LOCAL_AMQP if wanted is BrokerKind.AMQP else base.redis_url
+
+
+def run(quick: bool = False, broker: str = "redis") -> dict[str, Any]:
+    """Start the fleet, run the three phases, end every process, clean the keys (and, on
+    RabbitMQ, the queues of this run)."""
+    env_base = Settings.from_env(os.environ)
+    base = env_base.model_copy(update={"broker_url": _broker_url(env_base, broker)})
+    amqp = broker_kind(base.broker_url) is BrokerKind.AMQP
     prefix = f"reins-bench-{uuid.uuid4().hex[:10]}"
     store_client = redis.Redis.from_url(base.redis_url)
-    broker_client = redis.Redis.from_url(base.broker_url)
+    broker_client = store_client if amqp else redis.Redis.from_url(base.broker_url)
     with tempfile.TemporaryDirectory(prefix="reins-bench-fleet-") as tmp:
         tenants = Path(tmp) / "tenants.toml"
         tenants.write_text(_tenants_toml())
@@ -109,9 +140,15 @@ def run(quick: bool = False) -> dict[str, Any]:
                 fleet.start("router", r, "--log-level", "WARNING")
             fleet.wait_ready(list(WORKERS), ["r1", "r2"])
             settings = base.model_copy(update={"key_prefix": prefix, "tenants_file": str(tenants)})
-            return _phases(settings, store_client, broker_client, fleet, quick)
+            return {
+                "broker": broker_kind(base.broker_url).value,
+                **_phases(settings, store_client, broker_client, fleet, quick),
+            }
         finally:
             fleet.close()
+            if amqp:
+                named = base.model_copy(update={"key_prefix": prefix})
+                delete_queues(named, [celery_queue(named, w) for w in WORKERS])
             for client in {
                 id(store_client): store_client,
                 id(broker_client): broker_client,
@@ -135,16 +172,15 @@ def _phases(
     rounds, noops, fast_n = (1, 600, 90) if quick else (ROUNDS, 1500, 90)
     probes = 4 if quick else 10
     redis_pid = int(client.info("server").get("process_id", 0)) if _local(settings) else 0
-    cpu = _Cpu(fleet, redis_pid)
+    amqp = broker_kind(settings.broker_url) is BrokerKind.AMQP
+    cpu = _Cpu(fleet, redis_pid, _rabbitmq_pid() if amqp else 0)
     noop_rates, step_rates, ratios, fasts = [], [], [], []
-    noop_cpu, noop_redis_cpu, fast_cpu = 0.0, 0.0, (0.0, 0.0, 0.0)
+    noop_cpu, fast_cpu = [0.0] * 4, [0.0] * 4  # routers, workers, Redis, RabbitMQ
     for _ in range(rounds):  # side by side, alternating, so the machine's drift hits both
         noop_rates.append(_noops(settings, broker, noops))
-        lap = cpu.lap()
-        noop_cpu, noop_redis_cpu = noop_cpu + lap[1], noop_redis_cpu + lap[2]
+        noop_cpu = [a + b for a, b in zip(noop_cpu, cpu.lap(), strict=True)]
         fast = _phase(api, feed, "ops.bench.fleet:fast_agent", fast_n, probes)
-        lap = cpu.lap()
-        fast_cpu = (fast_cpu[0] + lap[0], fast_cpu[1] + lap[1], fast_cpu[2] + lap[2])
+        fast_cpu = [a + b for a, b in zip(fast_cpu, cpu.lap(), strict=True)]
         step_rates.append(fast["rate"])
         ratios.append(fast["rate"] / noop_rates[-1])
         fasts.append(fast)
@@ -177,11 +213,19 @@ def _phases(
         "follow_on_share": round(statistics.median(f["follow_on"] for f in fasts), 3),
         "follow_on_share_latency": round(slow["follow_on"], 3),
         "unfinished": sum(f["unfinished"] for f in fasts) + slow["unfinished"],
-        "worker_cpu_ms_per_noop": round(noop_cpu * 1000 / (noops * rounds), 3),
-        "redis_cpu_ms_per_noop": round(noop_redis_cpu * 1000 / (noops * rounds), 3),
+        "worker_cpu_ms_per_noop": round(noop_cpu[1] * 1000 / (noops * rounds), 3),
+        "redis_cpu_ms_per_noop": round(noop_cpu[2] * 1000 / (noops * rounds), 3),
         "worker_cpu_ms_per_step": round(fast_cpu[1] * 1000 / steps, 3),
         "router_cpu_ms_per_step": round(fast_cpu[0] * 1000 / steps, 3),
         "redis_cpu_ms_per_step": round(fast_cpu[2] * 1000 / steps, 3),
+        **(
+            {
+                "rabbitmq_cpu_ms_per_noop": round(noop_cpu[3] * 1000 / (noops * rounds), 3),
+                "rabbitmq_cpu_ms_per_step": round(fast_cpu[3] * 1000 / steps, 3),
+            }
+            if cpu.broker_pid
+            else {}
+        ),
     }
 
 
@@ -190,29 +234,47 @@ def _local(settings: Settings) -> bool:
     return any(h in settings.redis_url for h in ("127.0.0.1", "localhost"))
 
 
-class _Cpu:
-    """CPU seconds of the routers, the workers and the Redis server between laps."""
+def _rabbitmq_pid() -> int:
+    """The PID of this machine's RabbitMQ (its Erlang VM), or 0 when none runs here."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "comm").read_text().strip() != "beam.smp":
+                continue
+            if b"rabbit" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except OSError:
+            continue
+    return 0
 
-    def __init__(self, fleet: LocalFleet, redis_pid: int) -> None:
-        self.fleet, self.redis_pid = fleet, redis_pid
+
+class _Cpu:
+    """CPU seconds of the routers, the workers, the Redis server and (when it runs here) the
+    RabbitMQ server between laps."""
+
+    def __init__(self, fleet: LocalFleet, redis_pid: int, broker_pid: int) -> None:
+        self.fleet, self.redis_pid, self.broker_pid = fleet, redis_pid, broker_pid
         self.last = self._read()
 
-    def _read(self) -> tuple[float, float, float]:
+    def _read(self) -> tuple[float, ...]:
         return (
             self.fleet.cpu_s("r1", "r2"),
             self.fleet.cpu_s(*WORKERS),
             process_cpu_s(self.redis_pid) if self.redis_pid else 0.0,
+            process_cpu_s(self.broker_pid) if self.broker_pid else 0.0,
         )
 
-    def lap(self) -> tuple[float, float, float]:
+    def lap(self) -> tuple[float, ...]:
         now = self._read()
-        out = (now[0] - self.last[0], now[1] - self.last[1], now[2] - self.last[2])
+        out = tuple(b - a for a, b in zip(self.last, now, strict=True))
         self.last = now
         return out
 
 
 def _noops(settings: Settings, broker: redis.Redis, count: int) -> float:
-    app = make_app(settings)
+    """No-op tasks through the publisher the routers use, in bursts of 16 as they send."""
+    batch = publisher_for(settings, make_app(settings), broker)
+    if broker_kind(settings.broker_url) is BrokerKind.AMQP:
+        return _amqp_noops(settings, broker, batch, count)
     kp = broker_keyprefix(settings)
     keys = [kp + queue_for(w) for w in WORKERS]
 
@@ -223,15 +285,34 @@ def _noops(settings: Settings, broker: redis.Redis, count: int) -> float:
         pipe.hlen(kp + "unacked")
         return int(sum(pipe.execute())) == 0
 
-    batch = TaskPublisher(app, broker, settings)  # as the routers send: bursts of 16
     start = time.perf_counter()
+    _publish_noops(batch, count)
+    wait_for(empty, 300, "the no-op tasks to drain", every_s=0.005)
+    return count / (time.perf_counter() - start)
+
+
+def _publish_noops(batch: Any, count: int) -> None:
     for i in range(count):
         batch.add(NOOP_TASK, "w1" if i % 2 else "w2")
         if len(batch.pending) >= SEND_BURST:
             batch.flush()
     batch.flush()
-    wait_for(empty, 300, "the no-op tasks to drain", every_s=0.005)
-    return count / (time.perf_counter() - start)
+
+
+def _amqp_noops(settings: Settings, client: redis.Redis, batch: Any, count: int) -> float:
+    """RabbitMQ does not say when its last message was acknowledged: the workers tell how many
+    no-ops they ran and when the last one ran (``noops_key``), and the rate is taken to it."""
+    key = noops_key(settings.key_prefix)
+
+    def tally() -> tuple[int, float]:
+        told = [text(v).split(":") for v in client.hvals(key)]
+        return sum(int(n) for n, _ in told), max((float(t) for _, t in told), default=0.0)
+
+    before = tally()[0]
+    start = time.time()
+    _publish_noops(batch, count)
+    wait_for(lambda: tally()[0] >= before + count, 300, "the no-op tasks to run", every_s=0.01)
+    return count / max(tally()[1] - start, 1e-9)
 
 
 def _phase(

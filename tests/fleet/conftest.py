@@ -1,7 +1,10 @@
 """Fixtures of the fleet tests: tenant and gate files, an in-process fleet, real processes.
 
 Every key a test creates starts with its ``key_prefix``; the broker runs under the same prefix
-and database as the store, so the shared cleanup removes Celery's keys too.
+and database as the store, so the shared cleanup removes Celery's keys too. A test that takes
+the ``broker`` fixture with ``amqp`` (``@pytest.mark.parametrize("broker", BROKERS,
+indirect=True)``) runs its fleet on the machine's RabbitMQ instead, its member queues named
+under the same prefix and deleted after it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import redis
 
 from ops.fleet_local import LocalFleet
 from tests.conftest import REDIS_URL
+from tests.fleet.brokers import AMQP_URL, delete_member_queues, require_rabbitmq
 from tests.fleet.harness import InProcessFleet
 
 WEIGHTS = {"acme": 3, "globex": 2, "initech": 1}
@@ -47,13 +51,28 @@ def gates_file(tmp_path: Path) -> Path:
     return path
 
 
+#: What a test parametrizes ``broker`` over to run on both (``-m "not amqp"`` leaves RabbitMQ out).
+BROKERS = ["redis", pytest.param("amqp", marks=pytest.mark.amqp)]
+
+
 @pytest.fixture
-def fleet_env(key_prefix: str, tenants_file: Path) -> dict[str, str]:
+def broker(request: pytest.FixtureRequest) -> str:
+    """The broker URL of this test's fleet: the store's Redis database (the default), or with
+    ``amqp`` the machine's RabbitMQ (checked to answer first)."""
+    kind = getattr(request, "param", "redis")
+    if kind == "amqp":
+        require_rabbitmq()
+        return AMQP_URL
+    return REDIS_URL  # same database: the prefix cleanup covers Celery's keys
+
+
+@pytest.fixture
+def fleet_env(key_prefix: str, tenants_file: Path, broker: str) -> dict[str, str]:
     """The settings of fleet subprocesses: this test's prefix, loopback Redis, fast heartbeats."""
     return {
         "REINS_KEY_PREFIX": key_prefix,
         "REINS_REDIS_URL": REDIS_URL,
-        "REINS_BROKER_URL": REDIS_URL,  # same database: the prefix cleanup covers Celery's keys
+        "REINS_BROKER_URL": broker,
         "REINS_TENANTS_FILE": str(tenants_file),
         "REINS_HEARTBEAT_INTERVAL_S": "0.25",
         "REINS_HEARTBEAT_TIMEOUT_S": "3",
@@ -80,6 +99,7 @@ def _processes(env: dict[str, str], tmp_path: Path, client: redis.Redis) -> Iter
         yield fleet
     finally:
         fleet.close()
+        delete_member_queues(env, fleet.procs)
 
 
 @pytest.fixture

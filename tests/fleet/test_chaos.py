@@ -9,7 +9,9 @@ the broker's visibility timeout 300 s, far past the end of the test: every recov
 reconciler's. The stranded trajectories end ``done`` on the surviving worker, as many end
 ``done`` as in the run without the crash, the backend shows one refund and one email per
 ``done`` trajectory, and no ledger goes over its allowance. The worst time from the dead
-worker's last heartbeat to a recovery is printed (a figure, not asserted).
+worker's last heartbeat to a recovery is printed (a figure, not asserted). It runs on Redis
+and on RabbitMQ, where the killed worker's unacknowledged messages go back at once to its own
+queue, which nobody consumes any more.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from kernel.states import TERMINAL, StopReason
 from ops.fleet_local import LocalFleet
 from router.custody import Custody
 from store.redis_store import RedisStore
-from tests.fleet.conftest import WEIGHTS
+from tests.fleet.brokers import delete_member_queues
+from tests.fleet.conftest import BROKERS, WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
     caller_api,
@@ -65,8 +68,10 @@ class Run:
         self.custody = Custody(client, prefix)
         self.ids: list[tuple[str, str]] = []
 
-    def submit(self) -> None:
+    def boot(self) -> None:
         start(self.fleet, routers=("r1",))
+
+    def submit(self) -> None:
         api = caller_api(self.env, self.client, "redis", None)
         orders = seed_orders(self.client, self.prefix, 1000, TRAJECTORIES)
         self.ids.extend(submit_refunds(api, orders, list(WEIGHTS)))
@@ -78,12 +83,15 @@ class Run:
         return effects_by_order(RedisState(self.client, self.prefix, seed=False).effects())
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_a_worker_killed_with_50_turns_in_flight_loses_nothing(
     fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis, key_prefix: str
 ) -> None:
     crash = Run(fleet_env, tmp_path / "crash", redis_client, key_prefix)
     calm = Run(fleet_env, tmp_path / "calm", redis_client, f"{key_prefix}-calm")
     try:
+        crash.boot()  # both fleets up before either run starts: w2 must still be busy after
+        calm.boot()
         crash.submit()
         calm.submit()
         held: list[int] = []
@@ -142,5 +150,6 @@ def test_a_worker_killed_with_50_turns_in_flight_loses_nothing(
             codes = stop_all(run.fleet)
             assert all(code == 0 for code in codes.values()), codes
     finally:
-        crash.fleet.close()
-        calm.fleet.close()
+        for run in (crash, calm):
+            run.fleet.close()
+            delete_member_queues(run.env, run.fleet.procs)

@@ -19,7 +19,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from router.membership import Membership
 from router.streams import FIELD, dead_letters
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
+from tests.fleet.brokers import AMQP_URL, delete_member_queues, require_rabbitmq
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
@@ -48,6 +50,7 @@ from tests.support import wait_for
 from tests.support.proxy import BlackHoleProxy
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
+TEST_DB = int(REDIS_URL.rsplit("/", 1)[1] or 0)  # the test suite's database, through the proxy
 FAULT_ENV = {
     "REINS_HEARTBEAT_INTERVAL_S": "0.25",
     "REINS_HEARTBEAT_TIMEOUT_S": "2",
@@ -123,6 +126,38 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def through_the_hole(
+    run: Faulty,
+    proxy: BlackHoleProxy,
+    logged: str,
+    within_s: float,
+    *,
+    meanwhile: Callable[[], object] = lambda: None,
+    routers: Callable[[Iterable[bool]], bool] = all,
+) -> None:
+    """Once 40 turns were admitted, black-hole ``proxy`` and do ``meanwhile`` until the
+    ``routers`` (all, or any) log ``logged``, then open it again: every trajectory ends,
+    nothing twice, and no process exited."""
+    feed = Feed(run.client, run.prefix)
+    wait_for(lambda: len(feed.admissions()) >= 40, 60, "40 admissions before the hole")
+    proxy.swallow()
+    meanwhile()
+    wait_for(
+        lambda: routers(logged in run.fleet.log(r) for r in ("r1", "r2")),
+        within_s,
+        f"the routers to log {logged!r} on the black hole",
+    )
+    proxy.restore()
+    took = run.ended()
+    recovered = len(run.custody.recoveries())
+    print(
+        f"\nafter the black hole: every trajectory ended {took:.1f}s after it closed "
+        f"({recovered} turns recovered by the reconciler)"
+    )
+    for name, proc in run.fleet.procs.items():
+        assert proc.poll() is None, f"{name} exited"
+
+
 def test_a_black_holed_redis_connection_hangs_no_process(
     fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
 ) -> None:
@@ -130,8 +165,8 @@ def test_a_black_holed_redis_connection_hangs_no_process(
     env = {
         **fleet_env,
         **FAULT_ENV,
-        "REINS_REDIS_URL": proxy.url(0),
-        "REINS_BROKER_URL": proxy.url(0),
+        "REINS_REDIS_URL": proxy.url(TEST_DB),
+        "REINS_BROKER_URL": proxy.url(TEST_DB),
         "REINS_REDIS_TIMEOUT_S": "1.5",
         "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
     }
@@ -139,23 +174,46 @@ def test_a_black_holed_redis_connection_hangs_no_process(
     try:
         start(run.fleet, routers=("r1", "r2"))
         run.submit(120, 2000)
-        feed = Feed(redis_client, run.prefix)
-        wait_for(lambda: len(feed.admissions()) >= 40, 60, "40 admissions before the hole")
-        proxy.swallow()  # every connection of every process: accepted, never answered
-        wait_for(
-            lambda: all("Timeout" in run.fleet.log(r) for r in ("r1", "r2")),
-            30,
-            "both routers to time out on the black hole",
-        )
-        proxy.restore()
-        took = run.ended()
-        print(f"\nafter the black hole: every trajectory ended {took:.1f}s after it closed")
-        for name, proc in run.fleet.procs.items():
-            assert proc.poll() is None, f"{name} exited"
+        # every connection of every process: accepted, never answered
+        through_the_hole(run, proxy, "Timeout", 30)
     finally:
         stop_all(run.fleet)
         run.fleet.close()
         proxy.close()
+
+
+@pytest.mark.amqp
+def test_a_black_holed_rabbitmq_exits_no_router_and_loses_no_turn(
+    fleet_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    require_rabbitmq()
+    port = int(AMQP_URL.split("@", 1)[1].split("/", 1)[0].split(":")[1])
+    proxy = BlackHoleProxy("127.0.0.1", port)
+    env = {
+        **fleet_env,
+        **FAULT_ENV,
+        "REINS_BROKER_URL": AMQP_URL,
+        "REINS_REDIS_TIMEOUT_S": "1.5",
+        "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
+    }
+    # The routers publish through the proxy; the workers consume from RabbitMQ directly.
+    via_proxy = {"REINS_BROKER_URL": AMQP_URL.replace(f":{port}/", f":{proxy.port}/")}
+    run = Faulty(env, tmp_path / "fleet", redis_client)
+    try:
+        start(run.fleet, routers=())
+        for r in ("r1", "r2"):
+            run.fleet.start("router", r, "--admitter", "redis", env=via_proxy)
+        run.fleet.wait_ready(["w1", "w2"], ["r1", "r2"])
+        run.submit(40, 2600)  # admitted and sent before the hole: connected
+        # More jobs while nothing comes back: their first turns are admitted and cannot be
+        # confirmed (most later turns are follow-on turns, which need no router).
+        more = partial(run.submit, 80, 2640)
+        through_the_hole(run, proxy, "did not confirm", 60, meanwhile=more, routers=any)
+    finally:
+        stop_all(run.fleet)
+        run.fleet.close()
+        proxy.close()
+        delete_member_queues(env, run.fleet.procs)
 
 
 def test_a_worker_started_again_under_its_name_hands_its_turns_to_the_reconciler(

@@ -6,7 +6,9 @@ are measured only over admissions made while every tenant had READY work (equal 
 100 each); with the weighted admitter each is within 3 percentage points of its weight share,
 and the same run with FIFO admission misses that band. The support store's state is one Redis
 service every worker shares: a worker is SIGKILLed mid-run and restarted under its name, and
-the store still shows exactly one refund and one email per trajectory that ends ``done``.
+the store still shows exactly one refund and one email per trajectory that ends ``done``. The
+weighted run goes through each broker: Redis, and RabbitMQ (where the restarted worker takes
+back the messages its killed incarnation held, marked redelivered).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ops.fleet_local import LocalFleet
 from router.feed import Feed
 from router.membership import Membership
 from store.redis_store import RedisStore
-from tests.fleet.conftest import WEIGHTS
+from tests.fleet.conftest import BROKERS, WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
     caller_api,
@@ -65,6 +67,7 @@ def run_jobs(
     return store, ids, feed
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_weighted_admission_shares_the_gate_by_weight_and_survives_a_worker_death(
     local_fleet: LocalFleet,
     fleet_env: dict[str, str],

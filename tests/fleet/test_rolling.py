@@ -31,7 +31,7 @@ from router.custody import Custody
 from router.feed import Feed
 from router.membership import Membership
 from store.redis_store import RedisStore
-from tests.fleet.conftest import WEIGHTS
+from tests.fleet.conftest import BROKERS, WEIGHTS
 from tests.fleet.harness import refund_job, seed_orders
 from tests.fleet.processes import (
     BACKEND,
@@ -123,6 +123,7 @@ def test_a_rolling_drain_under_load_loses_nothing_and_duplicates_nothing(
     assert set(codes.values()) == {0}, codes
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_a_drain_whose_grace_runs_out_hands_queued_turns_back_under_the_same_call_ids(
     local_fleet: LocalFleet, fleet_env: dict[str, str], redis_client: redis.Redis, key_prefix: str
 ) -> None:
