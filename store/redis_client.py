@@ -159,6 +159,13 @@ def _credentials(netloc: str) -> dict[str, str]:
     return out
 
 
+#: Connections one client's pool may open (per node of a cluster). redis-py 8 caps a pool at
+#: 100 by default; the direct path keeps one connection per thread (:class:`_Pinned`), so a
+#: worker of ``REINS_WORKER_CONCURRENCY`` threads needs about that many, plus the few its
+#: other calls borrow. As redis-py 5-7 did by default, the bound is far above what is used.
+MAX_CONNECTIONS = 10_000
+
+
 def client_from_url(
     url: str,
     *,
@@ -182,6 +189,7 @@ def client_from_url(
         "socket_connect_timeout": connect_timeout_s,
         "socket_timeout": timeout_s,
         "socket_keepalive": True,
+        "max_connections": MAX_CONNECTIONS,
     }
     parts = urlsplit(url)
     scheme = parts.scheme.lower()

@@ -411,6 +411,33 @@ def test_each_thread_keeps_its_own_connection_and_a_killed_one_is_replaced(
     client.close()
 
 
+def test_more_threads_than_redis_pys_default_pool_each_keep_a_connection() -> None:
+    """A worker runs REINS_WORKER_CONCURRENCY threads (192 in the fleet bench), each keeping
+    its own connection: a pool capped at redis-py 8's default 100 refused the 101st."""
+    client = client_from_url(REDIS_URL)
+    run = direct_command(client)
+    threads = 150
+    barrier = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run("PING")
+            barrier.wait(timeout=30)  # every thread holds its connection at once
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            barrier.abort()
+
+    pool = [threading.Thread(target=call) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors[:1]
+    assert len(client.connection_pool._in_use_connections) == threads
+    client.close()
+
+
 def test_a_store_carries_on_after_its_connection_is_killed(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
