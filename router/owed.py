@@ -72,7 +72,9 @@ class OwedRuns:
 
     def _reconcile(self, key: Key, now: float) -> bool:
         try:
-            self.api.deliver(*key, Reconcile(now=now))
+            # The event's time is the fleet's wall clock, as every other event's: ``now`` is
+            # this sweep's own schedule (monotonic), and a record must never carry it.
+            self.api.deliver(*key, Reconcile(now=self.api.clock()))
         except ReinsError as exc:  # refused, gone, or Redis: the next pass tries again
             log.warning("reconciling %s/%s: %s", key[0], key[1], exc)
             return False

@@ -107,7 +107,21 @@ def reconcile(inproc: InProcessFleet, tid: str) -> list[TurnMessage]:
     assert owed.sweep() == [], "first seen: late evidence has its time first"
     assert inproc.take() == []
     clock.advance(31.0)
+    delivered: list[float] = []
+    deliver = inproc.api.deliver
+
+    def seen(tenant: str, trajectory_id: str, event: Any) -> Any:
+        delivered.append(event.now)
+        return deliver(tenant, trajectory_id, event)
+
+    inproc.api.deliver = seen  # type: ignore[method-assign]
+    before = inproc.api.clock()
     assert owed.sweep() == [tid]
+    after = inproc.api.clock()
+    inproc.api.deliver = deliver  # type: ignore[method-assign]
+    # The event's time (what its chain rows carry) is the fleet's wall clock, not the sweep's
+    # own schedule: a record stamped with a monotonic time looked decades old to retention.
+    assert delivered and all(before <= now <= after for now in delivered), delivered
     sent = inproc.take()
     assert [type(c) for m in sent for c in m.commands] == [LookupEffect]
     for msg in sent:
