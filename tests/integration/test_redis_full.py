@@ -4,9 +4,6 @@ scripts only delete, so they run when Redis refuses writes), after which commits
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import redis
 
@@ -20,17 +17,9 @@ from tests.contract.test_retention_contract import KEEP_S, NOW, finish
 from tests.support.redis_server import OwnRedis
 
 
-@pytest.fixture
-def own(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
-def test_a_full_redis_refuses_commits_and_retention_frees_it(own: OwnRedis) -> None:
-    client = redis.Redis.from_url(own.url)
-    store = RedisStore(client_from_url(own.url), prefix="reins")
+def test_a_full_redis_refuses_commits_and_retention_frees_it(own_redis: OwnRedis) -> None:
+    client = redis.Redis.from_url(own_redis.url)
+    store = RedisStore(client_from_url(own_redis.url), prefix="reins")
     for i in range(100):
         finish(store, f"old-{i:02d}", at=0.0)
     store.create(make_record("live"))

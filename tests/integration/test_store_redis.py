@@ -13,7 +13,6 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -299,14 +298,6 @@ def test_the_index_is_rebuilt_from_the_snapshots(
 
 
 # --- a test-owned server: NOSCRIPT and durability ---------------------------------------------
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_the_script_is_loaded_again_after_the_server_forgot_it(own_redis: OwnRedis) -> None:
