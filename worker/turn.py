@@ -313,10 +313,10 @@ class TurnRunner:
             # The turn ended READY but its notice may be lost: requeue it, changing nothing.
             turn.todo.append(Enqueue())
             log.info("redelivered turn of %s: READY, requeued", rec.trajectory_id)
-        elif opening is Opening.RECOVER:
+        elif opening in (Opening.RECOVER, Opening.CANCELED):
             turn.rec, result = self._commit(rec, Recover(now=self.clock(), worker=self.worker), ctx)
             turn.todo.extend(result.commands if result else ())
-            log.info("redelivered turn of %s: recovered from the record", turn.rec.trajectory_id)
+            log.info("turn of %s: %s", turn.rec.trajectory_id, opening.value)
         else:
             checks.check_in_flight(rec, msg)
             turn.todo.extend(msg.commands)

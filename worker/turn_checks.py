@@ -14,7 +14,7 @@ import enum
 from kernel.context import KernelContext
 from kernel.errors import InvalidInput, ReinsError, StoreError, UnsupportedSchema
 from kernel.events import CallModel, LookupEffect
-from kernel.record import Operation, SettlementOwner, TrajectoryRecord
+from kernel.record import ControlKind, Operation, SettlementOwner, TrajectoryRecord
 from kernel.states import LIVE, LifecycleState
 from router.turn_message import HandBackWhy, TurnMessage, WorkerCommand
 from store.base import TrajectoryStore
@@ -40,6 +40,7 @@ class Opening(enum.Enum):
 
     CARRY_OUT = "carry out the message's commands"
     RECOVER = "redelivered mid-call: recover from the record"
+    CANCELED = "canceled before it started: recover, which carries the cancel out"
     REQUEUE = "redelivered after it ended READY: requeue, changing nothing"
 
 
@@ -70,6 +71,8 @@ def opening(rec: TrajectoryRecord, msg: TurnMessage, redelivered: bool) -> Openi
     """
     if redelivered and ended_ready(rec, msg):
         return Opening.REQUEUE
+    if canceled_unstarted(rec, msg):
+        return Opening.CANCELED
     check_current(rec, msg)  # a stale message stops here, changing nothing
     if redelivered and rec.state in (S.CALLING_MODEL, S.WAITING_TOOL):
         return Opening.RECOVER
@@ -89,6 +92,26 @@ def check_current(rec: TrajectoryRecord, msg: TurnMessage) -> None:
             f"stale epoch: the message was admitted under control epoch {msg.epoch}, "
             f"the record is at epoch {rec.control_epoch}"
         )
+
+
+def canceled_unstarted(rec: TrajectoryRecord, msg: TurnMessage) -> bool:
+    """True when a cancel withdrew the model call ``msg`` carries before any worker ran it to
+    its end: the record still waits in the call, under a later epoch, for a reply that nobody
+    will bring unless this message's call is sent. Sending it would spend for a run that is
+    over; recovering the turn carries the cancel out now instead of after the stranded sweep.
+    A copy still running elsewhere only brings late evidence (settled, never acted on)."""
+    pending = rec.pending_control
+    if pending is None or pending.kind is not ControlKind.CANCEL:
+        return False
+    if rec.state is not S.CALLING_MODEL or rec.control_epoch <= msg.epoch or not msg.commands:
+        return False
+    for cmd in msg.commands:
+        op = rec.operations.get(cmd.call_id)
+        if not isinstance(cmd, CallModel) or op is None or not op.open or op.eligible:
+            return False
+        if op.attempts[-1] != cmd.attempt_id:
+            return False
+    return True
 
 
 def still_sent(rec: TrajectoryRecord, msg: TurnMessage) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kernel.events import CallModel, DispatchTool, ReplyStatus
-from kernel.record import OpKind, OpStatus
+from kernel.record import OpKind, OpStatus, SettlementOwner
 from kernel.states import LifecycleState, StopReason
 from router.feed import CancelListener, NoticeKind
 from router.stranded import StrandedTurns
@@ -162,6 +162,31 @@ def test_a_redelivered_turn_is_recovered_from_the_record_not_sent_again(
     assert again.advanced == 0 and inproc.load("acme", tid).to_json() == rec.to_json()
     inproc.run_until_quiet()
     assert inproc.load("acme", tid).stop_reason is StopReason.DONE
+
+
+def test_a_turn_canceled_before_its_worker_starts_it_ends_when_the_message_arrives(
+    inproc: InProcessFleet,
+) -> None:
+    oid = seed_orders(inproc.client, inproc.prefix, 550, 1)[0]
+    tid = inproc.api.submit("acme", refund_job(oid)).trajectory_id
+    msg = one_turn_message(inproc)  # admitted: the message waits in the worker's queue
+    ack = inproc.api.control("acme", tid, "cancel", "ops")
+    assert ack["outstanding"] == [msg.call_id] and not ack["running_work_stopped"]
+    waiting = inproc.load("acme", tid)
+    assert waiting.state is S.CALLING_MODEL and waiting.control_epoch > msg.epoch
+    calls: list[str] = []
+    inproc.runner.tools.model = lambda ref, goal: calls.append(ref)  # type: ignore[method-assign]
+    report = inproc.runner.run(msg)
+    assert calls == [], "no call is sent for a run that was canceled"
+    rec = inproc.load("acme", tid)
+    assert rec.state is S.CANCELED and rec.stop_reason is StopReason.CANCELED
+    assert report.outcome is NoticeKind.FINISHED
+    op = rec.operations[msg.call_id]
+    # A copy may yet send it: its reservation goes to the reconciler, never assumed unspent.
+    assert not op.eligible and op.status is OpStatus.HANDED_OFF
+    assert op.settlement_owner is SettlementOwner.RECONCILER
+    again = inproc.runner.run(msg)  # a second copy: the run has ended, nothing changes
+    assert again.outcome is NoticeKind.IDLE and inproc.load("acme", tid).to_json() == rec.to_json()
 
 
 class DiesInTheRefund(BaseException):
