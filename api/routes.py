@@ -88,29 +88,46 @@ async def submit(
     )
 
 
+#: A listing's cursor: the state its walk stands in and the last id it returned there.
+CURSOR_PATTERN = r"^[A-Z_]{1,32}:[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
 @router.get("/trajectories", response_model=Page)
 def list_trajectories(
     grant: Authenticated,
     request: Request,
     state: LifecycleState | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 50,
-    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,9}$")] = None,
+    cursor: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
 ) -> Page:
-    """The tenant's trajectories (in ``state``), a page at a time; ``cursor`` from the last."""
+    """The tenant's trajectories (in ``state``), a page at a time; ``cursor`` from the last.
+
+    The walk takes the states in order and pages each through the store's index after the
+    last id seen, so a page costs the same however deep it is."""
     tenant = need(grant, Scope.READ)
-    store, offset = front_of(request).store, int(cursor or 0)
-    if state is None:
-        ids = store.list(tenant)[offset : offset + limit]
-    else:
-        ids = store.page(tenant, state, offset, limit)
+    store = front_of(request).store
+    states = list(LifecycleState) if state is None else [state]
+    at, after = states[0], ""
+    if cursor:
+        name, after = cursor.split(":", 1)
+        if name not in LifecycleState.__members__ or LifecycleState[name] not in states:
+            raise Problem(422, "Invalid request", "cursor names another state", field="cursor")
+        at = LifecycleState[name]
+    ids: list[tuple[LifecycleState, str]] = []
+    for walked in states[states.index(at) :]:
+        got = store.page(tenant, walked, after, limit - len(ids))
+        ids += [(walked, tid) for tid in got]
+        if len(ids) == limit:
+            break
+        after = ""
     items = []
-    for tid in ids:
+    for _, tid in ids:
         try:
             items.append(trajectory_of(store.load(tenant, tid)))
         except SnapshotNotFound:
             continue
     more = len(ids) == limit
-    return Page(items=items, next_cursor=str(offset + limit) if more else None)
+    return Page(items=items, next_cursor=f"{ids[-1][0].value}:{ids[-1][1]}" if more else None)
 
 
 @router.get("/trajectories/{trajectory_id}", response_model=Trajectory, responses=NOT_FOUND)

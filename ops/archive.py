@@ -65,9 +65,9 @@ def walk_due(
 ) -> Iterator[TrajectoryRecord]:
     """Every trajectory of ``tenant`` due at ``now``, a page of the ended index at a time."""
     for state in ENDED:
-        offset = 0
+        after = ""
         while True:
-            ids = store.page(tenant, state, offset, PAGE)
+            ids = store.page(tenant, state, after, PAGE)
             for tid in ids:
                 try:
                     record = due(store, tenant, tid, now, keep_s)
@@ -77,7 +77,7 @@ def walk_due(
                     yield record
             if len(ids) < PAGE:
                 break
-            offset += len(ids)
+            after = ids[-1]
 
 
 def line(store: TrajectoryStore, record: TrajectoryRecord) -> bytes:

@@ -64,16 +64,16 @@ def from_store(store: TrajectoryStore, tenant: str, keep: Filter = Filter()) -> 
     """The tenant's finished runs in a store, a page at a time (bounded work per call)."""
     out = []
     for state in FINISHED:
-        offset = 0
+        after = ""
         while True:
-            ids = store.page(tenant, state, offset, _PAGE)
+            ids = store.page(tenant, state, after, _PAGE)
             for tid in ids:
                 rec = store.load(tenant, tid)
                 if keep.keeps(rec.agent, rec.submitted_at):
                     out.append(outcome_of_record(rec))
             if len(ids) < _PAGE:
                 break
-            offset += _PAGE
+            after = ids[-1]
     return out
 
 

@@ -62,8 +62,8 @@ def due(
 class RetentionSweep:
     """Retires what is due, a bounded page of the ended states' index per pass.
 
-    The cursor is one offset into one (tenant, state) range; it steps over the entries kept,
-    not over those retired (they left the range), so a backlog is walked once. Its bound: a
+    The cursor is the last id read in one (tenant, state) range, so a page costs the same
+    wherever it starts and a backlog is walked once, what is retired behind it or not. Its bound: a
     trajectory is retired within its retention plus one walk of the ended index
     (``ceil(ended / budget)`` passes, one every ``every_s``).
     """
@@ -77,7 +77,7 @@ class RetentionSweep:
     retired: int = 0  # since start
     laps: int = 0  # walks completed
     _slot: int = 0
-    _offset: int = 0
+    _after: str = ""
     _next_at: float = float("-inf")
 
     def sweep(self) -> list[Key]:
@@ -93,21 +93,17 @@ class RetentionSweep:
         while pairs and read < self.budget and visited < len(pairs):
             tenant, state = pairs[self._slot % len(pairs)]
             limit = min(128, self.budget - read)
-            ids = self.store.page(tenant, state, self._offset, limit)
+            ids = self.store.page(tenant, state, self._after, limit)
             read += len(ids)
-            kept = 0
             for tid in ids:
-                found = self._retire(tenant, tid, now)
-                if found is Retirement.RETIRED:
+                if self._retire(tenant, tid, now) is Retirement.RETIRED:
                     out.append((tenant, tid))
-                elif found is not Retirement.GONE:
-                    kept += 1
             if len(ids) < limit:  # this range is done: the next one from its start
-                self._slot, self._offset = (self._slot + 1) % len(pairs), 0
+                self._slot, self._after = (self._slot + 1) % len(pairs), ""
                 self.laps += self._slot == 0
                 visited += 1
             else:
-                self._offset += kept
+                self._after = ids[-1]
         self.retired += len(out)
         if out:
             log.info("retired %d finished trajectories: %s", len(out), out[:10])

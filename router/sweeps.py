@@ -26,7 +26,10 @@ Key = tuple[str, str]  # (tenant, trajectory id)
 
 @dataclass
 class IndexCursor:
-    """Pages through ``states`` of every tenant in turn; :meth:`take` costs bounded work."""
+    """Pages through ``states`` of every tenant in turn; :meth:`take` costs bounded work.
+
+    Each page continues after the last id of the one before (``TrajectoryStore.page``), so a
+    walk returns every id that stays in its state all through it, however deep the index."""
 
     store: TrajectoryStore
     tenants: tuple[str, ...]
@@ -34,7 +37,7 @@ class IndexCursor:
     page_size: int = 128
     laps: int = 0  # walks completed
     _slot: int = 0  # which (tenant, state) pair
-    _offset: int = 0
+    _after: str = ""  # the last id taken from that pair ("" before its first)
 
     def take(self, budget: int) -> list[Key]:
         """Up to ``budget`` trajectories, the next pages of the walk; once round, starts over
@@ -45,14 +48,14 @@ class IndexCursor:
         while pairs and len(out) < budget and visited < len(pairs):
             tenant, state = pairs[self._slot % len(pairs)]
             limit = min(self.page_size, budget - len(out))
-            ids = self.store.page(tenant, state, self._offset, limit)
+            ids = self.store.page(tenant, state, self._after, limit)
             out += [(tenant, tid) for tid in ids]
             if len(ids) < limit:  # this pair is done: the next one from its start
-                self._slot, self._offset = (self._slot + 1) % len(pairs), 0
+                self._slot, self._after = (self._slot + 1) % len(pairs), ""
                 self.laps += self._slot == 0
                 visited += 1
             else:
-                self._offset += len(ids)
+                self._after = ids[-1]
         return list(dict.fromkeys(out))
 
 

@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import os
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple
@@ -327,13 +328,18 @@ class SnapshotStore(abc.ABC):
         """Ids of the tenant's trajectories (in ``state`` when given), sorted; from the index."""
 
     def page(
-        self, tenant: str, state: LifecycleState, offset: int, limit: int
+        self, tenant: str, state: LifecycleState, after: str, limit: int
     ) -> builtins.list[str]:
-        """Up to ``limit`` ids of the tenant's trajectories in ``state``, from position
-        ``offset`` of the index's own order (a page shorter than ``limit`` is the last). Paging
-        costs bounded work per call; ids that move between states meanwhile may be skipped or
-        seen twice, so a caller sweeping the index goes round again."""
-        return self.list(tenant, state)[offset : offset + limit]
+        """Up to ``limit`` ids of the tenant's trajectories in ``state`` that come after the id
+        ``after`` ("" for the first) in the index's own order, a fixed order of ids that each
+        backend states; a page shorter than ``limit`` is the last. A walk continues each page
+        after the last id of the one before, so an id in ``state`` all through the walk is
+        returned exactly once, whatever is added or removed meanwhile. The stores for scale
+        (Redis, SQLite) answer with work bounded by ``limit``, not by how far into the index
+        the page starts; this default, in id order, lists the state to find its place."""
+        ids = self.list(tenant, state)
+        start = bisect_right(ids, after) if after else 0
+        return ids[start : start + limit]
 
     def count(self, tenant: str, state: LifecycleState | None = None) -> int:
         """How many trajectories the tenant has (in ``state``); a backend answers from its

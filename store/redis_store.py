@@ -79,6 +79,7 @@ from store.redis_client import (
     script_reply,
     text,
 )
+from store.redis_index import IndexPager
 from store.redis_keys import (
     COMMITS_KEPT,
     bucket_of,
@@ -135,6 +136,7 @@ class RedisStore(TrajectoryStore):
         self._layout_checked = False
         self._retire = client.register_script(_load_script("retire.lua"))
         self._unindex = client.register_script(_load_script("unindex.lua"))
+        self._pager = IndexPager(client, self._read)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisStore:
@@ -344,34 +346,12 @@ class RedisStore(TrajectoryStore):
         return sorted(text(m) for members in replies for m in members)
 
     def page(
-        self, tenant: str, state: LifecycleState, offset: int, limit: int
+        self, tenant: str, state: LifecycleState, after: str, limit: int
     ) -> builtins.list[str]:
-        """Positions ``offset`` to ``offset + limit`` of the state's ids taken bucket by bucket,
-        in bucket order, each bucket in id order: the bucket sizes (``ZCOUNT``), then a
-        ``ZRANGEBYSCORE ... LIMIT`` in each bucket the page overlaps, two round trips."""
-        code = STATE_CODES[state]
-        keys = self.index_keys(tenant)
+        """The index's order is by bucket, then by id (:mod:`store.redis_index`): the rest of
+        ``after``'s bucket, then the buckets past it, ``lua/index_page.lua`` on each."""
         what = f"paging tenant {tenant}"
-        sizes = self._each_bucket(what, keys, lambda key: ("ZCOUNT", key, code, code))
-        ranges: dict[str, tuple[int, int]] = {}
-        skip, wanted = offset, limit
-        for key, size in zip(keys, sizes, strict=True):
-            if wanted <= 0:
-                break
-            if skip >= int(size):
-                skip -= int(size)
-                continue
-            ranges[key] = (skip, wanted)
-            wanted -= int(size) - skip
-            skip = 0
-        if not ranges:
-            return []
-        replies = self._each_bucket(
-            what,
-            builtins.list(ranges),
-            lambda key: ("ZRANGEBYSCORE", key, code, code, "LIMIT", *ranges[key]),
-        )
-        return [text(m) for members in replies for m in members][:limit]
+        return self._pager.page(self.index_keys(tenant), what, STATE_CODES[state], after, limit)
 
     def count(self, tenant: str, state: LifecycleState | None = None) -> int:
         """``ZCOUNT`` over every bucket of the tenant's index: no ids are read."""

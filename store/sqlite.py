@@ -244,15 +244,15 @@ class SqliteStore(SqliteFile, TrajectoryStore):
         return [str(row[0]) for row in rows]
 
     def page(
-        self, tenant: str, state: LifecycleState, offset: int, limit: int
+        self, tenant: str, state: LifecycleState, after: str, limit: int
     ) -> builtins.list[str]:
-        """One ``LIMIT ... OFFSET`` over the (tenant, state) index, by id."""
+        """The (tenant, state, id) index from just after ``after``, by id: one range seek."""
         sql = (
             "SELECT trajectory_id FROM snapshots WHERE tenant = ? AND state = ?"
-            " ORDER BY trajectory_id LIMIT ? OFFSET ?"
+            " AND trajectory_id > ? ORDER BY trajectory_id LIMIT ?"
         )
         with self._errors(f"paging tenant {tenant}"):
-            rows = self._conn().execute(sql, [tenant, state.value, limit, offset]).fetchall()
+            rows = self._conn().execute(sql, [tenant, state.value, after, limit]).fetchall()
         return [str(row[0]) for row in rows]
 
     def count(self, tenant: str, state: LifecycleState | None = None) -> int:

@@ -179,24 +179,29 @@ class _Backlog:
         self.tenants = tenants
         self.clock = [0.0]
         self.admitter = Admitter(config, lambda: self.clock[0])
+        # Lane i has the profile BACKLOGGED[i % 3] (the configuration's order), so the loop
+        # finds a call's sizes by its lane number: the bench keeps nothing per tenant, and its
+        # own work per admission is the same at 3 tenants as at 10,000 (a table per tenant,
+        # touched once a round, missed the cache at 10,000 and was counted as the admitter's).
+        lanes = self.admitter.state.lanes
+        assert all(lanes[i].name == n for i, (n, _, _) in enumerate(tenants))
         # Sizes are drawn before timing so the loop measures the admitter, not the RNG; one
-        # sequence per profile (its first tenant's name), which every tenant of it reads.
-        sequences = {n: [_sizes(rng, mix) for _ in range(4096)] for n, _, mix in BACKLOGGED}
+        # sequence per profile, read at one running count: successive calls of a tenant come
+        # from far apart in its sequence, so the copies of a profile do not move in step.
+        self.sequences = [[_sizes(rng, mix) for _ in range(4096)] for _, _, mix in BACKLOGGED]
         self.group = {n: BACKLOGGED[i % len(BACKLOGGED)][0] for i, (n, _, _) in enumerate(tenants)}
-        self.sizes = {n: sequences[self.group[n]] for n in self.group}
-        # Each copy of a profile starts at its own place in the sequence: tenants that drew the
-        # same sizes in the same order would gather credit in step, round after round.
-        self.turn = {n: (i // len(BACKLOGGED)) * 97 for i, (n, _, _) in enumerate(tenants)}
-        for name, _, _ in tenants:
+        self.drawn = 0
+        for lane, (name, _, _) in enumerate(tenants):
             for k in range(per_tenant):
-                i, o = self.sizes[name][(self.turn[name] + k) & 4095]
+                i, o = self._next_sizes(lane)
                 self.admitter.submit(name, f"{name}-{k}", input_tokens=i, output_allowance=o)
-            self.turn[name] += per_tenant
-        # One entry per tenant (charge counted, turn, sizes): one lookup per admission, so the
-        # bench's own bookkeeping weighs the same with 3 tenants as with 10,000.
-        self.book: dict[str, list[Any]] = {n: [0, self.turn[n], self.sizes[n]] for n in self.sizes}
+        self.counted_from: dict[str, int] = {}  # each tenant's admitted charge, after warm-up
         self.rates: list[float] = []
         self.admissions = 0
+
+    def _next_sizes(self, lane: int) -> tuple[int, int]:
+        self.drawn += 1
+        return self.sequences[lane % len(BACKLOGGED)][self.drawn & 4095]
 
     def chunk(self, size: int, counted: bool = True) -> None:
         """Admit ``size`` calls, each ended and requeued at once; time them if ``counted``."""
@@ -206,7 +211,8 @@ class _Backlog:
             self.admitter.release,
             self.admitter.requeue,
         )
-        clock, book = self.clock, self.book
+        clock, sequences, profiles = self.clock, self.sequences, len(BACKLOGGED)
+        drawn = self.drawn
         started = time.perf_counter()
         for _ in range(size):
             nomination = nominate()
@@ -215,22 +221,27 @@ class _Backlog:
             call = nomination.call
             tenant = call.tenant
             clock[0] += call.charge / PROVIDER_TOKENS_PER_S
-            entry = book[tenant]
-            if counted:
-                entry[0] += call.charge
-            k = entry[1] = entry[1] + 1
-            i, o = entry[2][k & 4095]
+            drawn += 1
+            i, o = sequences[nomination.lane % profiles][drawn & 4095]
             release(tenant, call.trajectory_id)  # the turn ended
             requeue(tenant, call.trajectory_id, input_tokens=i, output_allowance=o)
         elapsed = time.perf_counter() - started
+        self.drawn = drawn
         if counted:
             self.rates.append(size / elapsed)
             self.admissions += size
+        elif not self.rates:  # the warm-up: the shares count from here (the admitter's tally)
+            self.counted_from = {
+                t.tenant: t.admitted_charge for t in self.admitter.figures().tenants
+            }
 
     def summary(self) -> dict[str, object]:
         """Speed (best and median chunk), shares by profile against weight, Jain's index."""
         tenants = self.tenants
-        charge: dict[str, int] = {n: entry[0] for n, entry in self.book.items()}
+        charge = {
+            t.tenant: t.admitted_charge - self.counted_from.get(t.tenant, 0)
+            for t in self.admitter.figures().tenants
+        }
         by_group, weight_of = _by_group(tenants, self.group, charge)
         total, weight_total = sum(by_group.values()), sum(weight_of.values())
         errors = [abs(by_group[g] / total - weight_of[g] / weight_total) * 100 for g in by_group]

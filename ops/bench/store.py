@@ -26,6 +26,7 @@ from kernel.chain import ChainRow, RowKind
 from kernel.record import PlanStep, TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import LifecycleState
+from ops.bench.store_paging import paging_figures
 from ops.cluster_local import LocalCluster
 from store.base import Commit, TrajectoryStore, prepare_commit
 from store.redis_client import client_from_url, is_cluster
@@ -256,4 +257,5 @@ def _measure(
     result["serialise_us"] = round(1e6 * sum(serialise) / len(serialise), 1)
     result.update(_memory_figures(store, client))
     result["sqlite_cas_per_s"] = round(_sqlite_per_s(100 if quick else 1000))
+    result.update(paging_figures(store, client, quick))
     return result

@@ -139,7 +139,7 @@ def test_retire_deletes_record_chain_commits_and_index(
     assert store.read("acme", "t1") == [] and store.last_row("acme", "t1") is None
     assert store.committed("acme", "t1", rec.record_version) is None
     assert store.list("acme") == ["t2"] and store.list("acme", state) == ["t2"]
-    assert store.count("acme", state) == 1 and store.page("acme", state, 0, 10) == ["t2"]
+    assert store.count("acme", state) == 1 and store.page("acme", state, "", 10) == ["t2"]
     assert len(store.read("acme", "t2")) == 3, "the other trajectory is untouched"
     assert store.retire("acme", "t1", rec.record_version) is Retirement.GONE
 

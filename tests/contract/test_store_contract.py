@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -308,18 +309,50 @@ def test_pages_of_a_state_cover_its_index_once(store: TrajectoryStore, limit: in
     moved = store.load("acme", "t3")
     store.compare_and_set(next_version(moved, LifecycleState.CALLING_MODEL), 1)
     seen: list[str] = []
-    offset = 0
+    after = ""
     while True:
-        page = store.page("acme", LifecycleState.READY, offset, limit)
+        page = store.page("acme", LifecycleState.READY, after, limit)
         assert len(page) <= limit
         seen += page
-        offset += len(page)
         if len(page) < limit:
             break
+        after = page[-1]
     assert sorted(seen) == sorted(store.list("acme", LifecycleState.READY))
     assert len(seen) == len(set(seen)) == len(ids) - 1 and "t3" not in seen
-    assert store.page("acme", LifecycleState.CALLING_MODEL, 0, limit) == ["t3"]
-    assert store.page("globex", LifecycleState.READY, 0, limit) == []
+    assert store.page("acme", LifecycleState.CALLING_MODEL, "", limit) == ["t3"]
+    assert store.page("globex", LifecycleState.READY, "", limit) == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_walk_finds_every_id_that_stays_however_the_index_churns(
+    store: TrajectoryStore, seed: int
+) -> None:
+    """Between pages ids leave the state (before and after the walk's place) and new ones
+    arrive: each id in the state all through the walk is returned once, none twice."""
+    rng = random.Random(seed)
+    ready = {f"r{rng.randrange(10**6):06d}-{i}" for i in range(60)}
+    for tid in ready:
+        store.create(make_record(tid))
+    stayed, seen, after, made = set(ready), [], "", 0
+    while True:
+        page = store.page("acme", LifecycleState.READY, after, 4)
+        seen += page
+        if len(page) < 4:
+            break
+        after = page[-1]
+        for tid in rng.sample(sorted(ready), min(2, len(ready))):  # leave READY
+            store.compare_and_set(
+                next_version(store.load("acme", tid), LifecycleState.CALLING_MODEL), 1
+            )
+            ready.discard(tid)
+            stayed.discard(tid)
+        made += 1
+        for tid in (f"n{made:03d}", f"{rng.randrange(10**6):06d}-new"):  # arrive anywhere
+            store.create(make_record(tid))
+            ready.add(tid)
+    assert len(seen) == len(set(seen)), "an id returned twice"
+    assert stayed <= set(seen), f"skipped: {sorted(stayed - set(seen))}"
+    assert len(stayed) > 10, "the churn left enough ids to test"
 
 
 def test_the_chain_is_append_only_and_gapless(store: TrajectoryStore) -> None:

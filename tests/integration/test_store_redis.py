@@ -262,12 +262,60 @@ def test_a_tenant_spreads_over_its_buckets_and_lists_merge_them(key_prefix: str)
     assert len({bucket_of(tid) for tid in ids}) == INDEX_BUCKETS
     assert store.list("acme") == sorted(ids)
     assert store.count("acme", LifecycleState.READY) == 64
-    pages = [store.page("acme", LifecycleState.READY, offset, 10) for offset in range(0, 70, 10)]
+    pages, after = [], ""
+    for _ in range(7):
+        pages.append(store.page("acme", LifecycleState.READY, after, 10))
+        after = pages[-1][-1] if pages[-1] else after
     assert [len(page) for page in pages] == [10] * 6 + [4]
     walked = [tid for page in pages for tid in page]
     assert sorted(walked) == sorted(ids) and len(set(walked)) == 64
     assert walked == sorted(ids, key=lambda tid: (bucket_of(tid), tid)), "bucket, then id order"
     store.close()
+
+
+def test_a_deep_page_costs_what_the_first_page_costs(
+    key_prefix: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page 100,000 ids into the index sends the commands the first page sends, none naming
+    a position, and reads only the page's ids; taken and left ids alike are found by id."""
+    store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    ids = [f"t{n:07d}" for n in range(160_000)]
+    keys = store.index_keys("acme")
+    batch = redis_client.pipeline(transaction=False)
+    for n in range(0, len(ids), 10_000):
+        for key, chunk in _by_bucket(ids[n : n + 10_000], keys).items():
+            batch.zadd(key, dict.fromkeys(chunk, 1))  # score 1: READY
+    batch.execute()
+    in_order = sorted(ids, key=lambda tid: (bucket_of(tid), tid))
+    deep = in_order[100_000]
+    sent: list[tuple[Any, ...]] = []
+
+    class Recording(DirectBatch):
+        def execute_command(self, *args: Any) -> None:
+            sent.append(args[3:])  # after EVALSHA sha numkeys: the key and the arguments
+            super().execute_command(*args)
+
+    monkeypatch.setattr("store.redis_index.direct_batch", Recording)
+    costs = []
+    for after, listed in (("", True), (deep, True), (deep, False)):
+        if not listed:  # it left the state: the page is found by a search of the ranks
+            redis_client.zrem(keys[bucket_of(deep)], deep)
+        sent.clear()
+        read = store._pager.ids_read
+        page = store.page("acme", LifecycleState.READY, after, 50)
+        costs.append(([args[1:] for args in sent], store._pager.ids_read - read))
+        start = in_order.index(deep) + 1 if after else 0
+        assert page == in_order[start : start + 50]
+    assert costs[0] == ([(1, "", 50)], 50)
+    assert costs[1] == costs[2] == ([(1, deep, 50)], 50)
+    store.close()
+
+
+def _by_bucket(ids: list[str], keys: tuple[str, ...]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for tid in ids:
+        out.setdefault(keys[bucket_of(tid)], []).append(tid)
+    return out
 
 
 @pytest.mark.parametrize("topology", ["single", "cluster"])
