@@ -45,7 +45,7 @@ def cancel_a_model_call(
 ) -> tuple[str, str]:
     """Submit one refund, cancel it once its model call is admitted, and say what the workers
     made of it: ``canceled`` (the running call was stopped) or ``overtaken`` (the cancel was
-    committed before a worker started the turn, which it then refused as stale)."""
+    committed before a worker started the turn, which then ended the run without the call)."""
     oid = seed_orders(client, prefix, order, 1)[0]
     tid = api.submit("acme", refund_job(oid)).trajectory_id
 
@@ -57,7 +57,7 @@ def cancel_a_model_call(
     api.control("acme", tid, "cancel", "operator")
     outcomes = {
         "canceled": f"canceled model call {call_id}",
-        "overtaken": f"ignored turn message for acme/{tid}",
+        "overtaken": f"turn of {tid}: canceled before it started",
     }
     found: list[str] = []
 
@@ -132,8 +132,8 @@ def test_a_redis_restart_under_load_ends_no_process_and_loses_nothing(
         print(f"{failed} turns failed while Redis was away; each left custody and was recovered")
 
         # A cancel committed between the admission and the worker's start of the turn makes
-        # the worker refuse the turn as stale: that call never ran, so it says nothing of the
-        # listener, and the test tries a new trajectory (at most CANCEL_TRIES).
+        # the worker end the run without sending the call: it says nothing of the listener,
+        # so the test tries a new trajectory (at most CANCEL_TRIES).
         reached = None
         for attempt in range(CANCEL_TRIES):
             tid, outcome = cancel_a_model_call(api, store, fleet, client, prefix, 3900 + attempt)
