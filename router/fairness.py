@@ -76,7 +76,6 @@ class FairnessBook:
     __slots__ = (
         "_bounds",
         "_buckets",
-        "_calls",
         "_charge",
         "_current",
         "_hist",
@@ -102,10 +101,10 @@ class FairnessBook:
         self._bounds = tuple(wait_buckets_s)
         self._window_s = window_s
         count = len(self._names)
-        self._calls = array("q", bytes(8 * count))
         self._charge = array("q", bytes(8 * count))
         self._wait_sum = array("d", bytes(8 * count))
-        # lane * buckets + bucket; a lane's last bucket counts waits above the largest bound
+        # lane * buckets + bucket; a lane's last bucket counts waits above the largest bound.
+        # A lane's calls are the sum of its buckets: one counter less to write per admission.
         self._buckets = len(self._bounds) + 1
         self._hist = array("q", bytes(8 * count * self._buckets))
         self._slot_s = window_s / WINDOW_SLOTS
@@ -118,7 +117,6 @@ class FairnessBook:
 
     def record(self, lane: int, charge: int, wait_s: float, now: float) -> None:
         """Count one admitted call of tenant ``lane`` that waited ``wait_s`` seconds, at ``now``."""
-        self._calls[lane] += 1
         self._charge[lane] += charge
         self._wait_sum[lane] += wait_s
         self._hist[lane * self._buckets + bisect_left(self._bounds, wait_s)] += 1
@@ -163,7 +161,7 @@ class FairnessBook:
                 TenantFigures(
                     tenant=name,
                     weight=self._weights[i],
-                    admitted_calls=self._calls[i],
+                    admitted_calls=running,  # the last cumulative count: every call
                     admitted_charge=self._charge[i],
                     queue_depth=queue_depths[i],
                     credit=credits[i],
