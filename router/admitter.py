@@ -10,6 +10,7 @@ Design: ``docs/adr/0001-weighted-drr-admission.md``.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,17 +41,19 @@ class FinalizeNow:
 
 def build_state(config: AdmissionConfig) -> DrrState:
     """The empty scheduler state for a validated configuration; lanes follow its tenant order."""
-    lanes = []
-    for t in config.tenants:
-        # Class quanta only order a tenant's own classes (the tenant quantum sets its share);
-        # the same base quantum keeps both levels in charge tokens under one credit cap.
-        classes = [
-            drr.ClassLane(name=name, quantum=round(config.quantum_tokens * w))
-            for name, w in zip(t.class_names, t.class_weights, strict=True)
-        ]
-        quantum = round(config.quantum_tokens * t.weight)
-        lanes.append(drr.TenantLane(name=t.name, quantum=quantum, classes=classes))
-    return DrrState(credit_cap=config.credit_cap_tokens, lanes=lanes)
+    # Class quanta only order a tenant's own classes (the tenant quantum sets its share); the
+    # same base quantum keeps both levels in charge tokens under one credit cap. Equal quanta
+    # share one int, so thousands of tenants of a few weights read a few objects.
+    shared: dict[int, int] = {}
+    base = config.quantum_tokens
+    quanta = [
+        (
+            shared.setdefault(round(base * t.weight), round(base * t.weight)),
+            [shared.setdefault(round(base * w), round(base * w)) for w in t.class_weights],
+        )
+        for t in config.tenants
+    ]
+    return drr.new_state(config.credit_cap_tokens, quanta)
 
 
 class Admitter:
@@ -66,9 +69,17 @@ class Admitter:
         self._state = build_state(config)
         self._lanes = LaneIndex(config)
         self._lane_of, self._class_of = self._lanes.lane_of, self._lanes.class_of
-        self._where: dict[str, tuple[int, int, ReadyCall]] = {}
-        # Per lane: its turns in flight, its cap (0: none); the lanes at their cap (ADR 0123).
-        self._flying: list[set[str]] = [set() for _ in config.tenants]
+        # Per lane, what the hot path reads of its tenant's configuration (ADR 0191: plain
+        # lists, not the configuration objects), and per slot its class's name.
+        self._names = [t.name for t in config.tenants]
+        self._largest = [t.largest_call_tokens for t in config.tenants]
+        self._max_ready = [t.max_ready for t in config.tenants]
+        self._class_names = [sys.intern(c) for t in config.tenants for c in t.class_names]
+        self._where: dict[str, ReadyCall] = {}  # the queued calls by trajectory id
+        # The turns in flight: their lanes by trajectory id (ids are unique across tenants);
+        # per lane, how many and its cap (0: none); the lanes at their cap (ADR 0123).
+        self._flying: dict[str, int] = {}
+        self._in_flight = [0] * len(config.tenants)
         self._limits = [t.max_in_flight or 0 for t in config.tenants]
         self._full: set[int] = set()
         self._book = FairnessBook(
@@ -103,23 +114,23 @@ class Admitter:
         call, a full queue (``max_ready``), a budget above the tenant's maxima, or a ``route``
         (the ``provider/model`` gate the call goes through) that is not a plain name.
         """
-        lane, klass, cfg = self._resolve(tenant, trajectory_id, service_class)
+        lane, klass = self._resolve(tenant, trajectory_id, service_class)
         charge = scheduling_charge(trajectory_id, input_tokens, output_allowance)
         route = check_route(trajectory_id, route)
-        if charge > cfg.largest_call_tokens:
+        if charge > self._largest[lane]:
             raise SubmissionRefused(
                 f"trajectory {trajectory_id}: its call of {charge:,} tokens "
                 f"({input_tokens:,} input + {output_allowance:,} output allowance) exceeds "
-                f"tenant {tenant!r}'s largest call of {cfg.largest_call_tokens:,}"
+                f"tenant {tenant!r}'s largest call of {self._largest[lane]:,}"
             )
-        depth = self._state.lanes[lane].queued
-        if depth >= cfg.max_ready:
+        depth = self._state.queued[lane]
+        if depth >= self._max_ready[lane]:
             raise SubmissionRefused(
                 f"tenant {tenant!r} already has {depth:,} READY trajectories queued "
-                f"(max_ready {cfg.max_ready:,}); retry later"
+                f"(max_ready {self._max_ready[lane]:,}); retry later"
             )
         if budget is not None:
-            check_budget(cfg, trajectory_id, budget)
+            check_budget(self._lanes.tenants[lane], trajectory_id, budget)
         return self._enqueue(
             lane, klass, trajectory_id, input_tokens, output_allowance, charge, route
         )
@@ -142,15 +153,15 @@ class Admitter:
         :class:`FinalizeNow` with ``max_tokens``. Unknown tenant, class or a trajectory already
         queued still raise.
         """
-        lane, klass, cfg = self._resolve(tenant, trajectory_id, service_class)
+        lane, klass = self._resolve(tenant, trajectory_id, service_class)
         charge = scheduling_charge(trajectory_id, input_tokens, output_allowance)
         route = check_route(trajectory_id, route)
-        if charge > cfg.largest_call_tokens:
+        if charge > self._largest[lane]:
             return FinalizeNow(
                 trajectory_id,
                 StopReason.MAX_TOKENS,
                 f"next call of {charge:,} tokens exceeds tenant {tenant!r}'s largest call "
-                f"of {cfg.largest_call_tokens:,}",
+                f"of {self._largest[lane]:,}",
             )
         return self._enqueue(
             lane, klass, trajectory_id, input_tokens, output_allowance, charge, route
@@ -158,10 +169,11 @@ class Admitter:
 
     def withdraw(self, trajectory_id: str) -> bool:
         """Take a queued trajectory out (paused, canceled or ended while READY); False if absent."""
-        found = self._where.pop(trajectory_id, None)
-        if found is None:
+        call = self._where.pop(trajectory_id, None)
+        if call is None:
             return False
-        lane, klass, call = found
+        lane = self._lane_of[call.tenant]
+        klass = self._class_of[lane][call.service_class]
         removed = drr.remove(self._state, lane, klass, call)
         assert removed, "index and queues disagree"  # both are written only here and in confirm
         return True
@@ -202,14 +214,18 @@ class Admitter:
         """Refuse a nomination: no credit moves, the call stays READY at the head of its queue."""
         drr.decline(self._state, nomination)
         state, index = self._state, nomination.lane
-        lane = state.lanes[index]
-        if self._full and lane.listed == drr.NEW and lane.queued == 1 and state.new[0] != index:
+        if (
+            self._full
+            and state.listed[index] == drr.NEW
+            and state.queued[index] == 1
+            and state.new[0] != index
+        ):
             # Nominated past a capped lane ahead of it in the new list, with its last call: the
             # shared admitter's claim emptied it, which moved it to the tail of old, and its
             # decline leaves it there. Do the same, so both twins go on alike (ADR 0123).
             state.new.remove(index)
             state.old.append(index)
-            lane.listed = drr.OLD
+            state.listed[index] = drr.OLD
 
     def admit_next(self, check: Callable[[ReadyCall], bool]) -> ReadyCall | None:
         """Nominate, run ``check`` on the call, and confirm it; the admitted call or None.
@@ -246,14 +262,16 @@ class Admitter:
         against its tenant's ``max_in_flight``. Idempotent: False if it was not in flight.
         ``claim_id`` is the shared admitter's guard; in memory one owner admits and ends turns
         in order, so it is not needed."""
-        lane = self._lane_of.get(tenant)
-        if lane is None or lane >= len(self._flying):
+        lane = self._flying.get(trajectory_id)
+        if lane is None:
             return False
-        flying = self._flying[lane]
-        if trajectory_id not in flying:
+        name = self._names[lane]
+        if name is not tenant and name != tenant:
             return False
-        flying.remove(trajectory_id)
-        if len(flying) < self._limits[lane]:
+        del self._flying[trajectory_id]
+        count = self._in_flight[lane] - 1
+        self._in_flight[lane] = count
+        if count < self._limits[lane]:
             self._full.discard(lane)
         return True
 
@@ -261,38 +279,49 @@ class Admitter:
         """Count a turn admitted before this admitter was built (read from the store when a
         router takes the admitter over) as in flight, until :meth:`release`."""
         lane = self._lane_of.get(tenant)
-        if lane is not None and lane < len(self._flying):
+        if lane is not None:
             self._fly(lane, trajectory_id)
 
     def _fly(self, lane: int, trajectory_id: str) -> None:
-        flying = self._flying[lane]
-        flying.add(trajectory_id)
-        if self._limits[lane] and len(flying) >= self._limits[lane]:
+        flying = self._flying
+        before = len(flying)
+        flying.setdefault(trajectory_id, lane)
+        if len(flying) == before:  # already in flight
+            return
+        count = self._in_flight[lane] + 1
+        self._in_flight[lane] = count
+        if self._limits[lane] and count >= self._limits[lane]:
             self._full.add(lane)
 
     def in_flight(self, tenant: str) -> int:
         """How many of ``tenant``'s admitted turns have not ended (0 for an unknown tenant)."""
         lane = self._lane_of.get(tenant)
-        return 0 if lane is None or lane >= len(self._flying) else len(self._flying[lane])
+        return 0 if lane is None else self._in_flight[lane]
 
     # --- figures ------------------------------------------------------------------------------
 
     def figures(self) -> FairnessFigures:
         """Per tenant: admitted charge and calls, depth, wait histogram, credit; Jain's index."""
-        lanes = self._state.lanes
-        return self._book.snapshot(
-            self._clock(), [lane.queued for lane in lanes], [lane.credit for lane in lanes]
-        )
+        state = self._state
+        return self._book.snapshot(self._clock(), state.queued, state.credit)
+
+    def depths(self) -> list[int]:
+        """Per lane (the configuration's tenant order): how many calls it has queued."""
+        return list(self._state.queued)
 
     # --- internals ----------------------------------------------------------------------------
 
     def _resolve(
         self, tenant: str, trajectory_id: str, service_class: str | None
-    ) -> tuple[int, int, TenantConfig]:
-        lane, klass, cfg = self._lanes.resolve(tenant, service_class)
+    ) -> tuple[int, int]:
+        lane = self._lane_of.get(tenant)
+        if lane is None or service_class is not None:  # the refusals, and a class by name
+            lane, klass, _ = self._lanes.resolve(tenant, service_class)
+        else:
+            klass = self._lanes.first_class[lane]
         if trajectory_id in self._where:
             raise SubmissionRefused(f"trajectory {trajectory_id} is already queued")
-        return lane, klass, cfg
+        return lane, klass
 
     def _enqueue(
         self,
@@ -305,11 +334,10 @@ class Admitter:
         route: str = "",
     ) -> ReadyCall:
         state = self._state
-        tenant_lane = state.lanes[lane]
         call = ReadyCall(
             trajectory_id,
-            tenant_lane.name,
-            tenant_lane.classes[klass].name,
+            self._names[lane],
+            self._class_names[state.first[lane] + klass],
             input_tokens,
             output_allowance,
             charge,
@@ -317,7 +345,7 @@ class Admitter:
             route,
         )
         drr.enqueue(state, lane, klass, call)
-        self._where[trajectory_id] = (lane, klass, call)
+        self._where[trajectory_id] = call
         return call
 
 

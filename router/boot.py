@@ -164,11 +164,7 @@ class Admission:
             fifo = FifoAdmitter(self.config, time.time)
             return self._with(store, fifo, local_gates, fifo.depths)
         drr = Admitter(self.config, time.time)
-
-        def depths() -> list[int]:
-            return [lane.queued for lane in drr.state.lanes]
-
-        return self._with(store, drr, local_gates, depths)
+        return self._with(store, drr, local_gates, drr.depths)
 
     def _with(self, store: RedisStore, admitter: Any, gates: Any, depths: Any) -> Dispatcher:
         return Dispatcher(

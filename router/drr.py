@@ -11,12 +11,12 @@ Design: ``docs/adr/0001-weighted-drr-admission.md``.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from kernel.errors import StaleNomination
 
-#: ``TenantLane.listed``: out of rotation, in the new list, in the old list.
+#: ``DrrState.listed``: out of rotation, in the new list, in the old list.
 UNLISTED, NEW, OLD = 0, 1, 2
 
 
@@ -33,34 +33,19 @@ class ReadyCall:
     ready_at: float
     #: The provider gate it is admitted through (``provider/model``); "" for none.
     route: str = ""
-
-
-@dataclass(slots=True, eq=False)
-class ClassLane:
-    """One service class of a tenant: FIFO queue of READY calls and (inner-level) credit."""
-
-    name: str
-    quantum: int
-    credit: int = 0
-    queue: deque[ReadyCall] = field(default_factory=deque)
-
-
-@dataclass(slots=True, eq=False)
-class TenantLane:
-    """One tenant: credit, where it is in the rotation, its classes and their rotation."""
-
-    name: str
-    quantum: int
-    classes: list[ClassLane]
-    credit: int = 0
-    queued: int = 0
-    listed: int = UNLISTED
-    class_active: deque[int] = field(default_factory=deque)
+    #: The call queued behind it in its class queue while it is queued (the queue's link).
+    behind: ReadyCall | None = field(default=None, init=False, repr=False)
 
 
 @dataclass(slots=True, eq=False)
 class DrrState:
     """The whole scheduler state; the Redis admitter keeps the same fields under one hash tag.
+
+    Kept as flat lists indexed by lane (and by *slot*, a lane's class numbers from
+    ``first[lane]`` on), not an object per tenant: each admission then touches a few list
+    entries that the rotation visits nearly in lane order, not a handful of objects per tenant
+    scattered through memory (ADR 0191). A class queue is a chain of calls, ``head`` to
+    ``tail`` by :attr:`ReadyCall.behind`. :attr:`lanes` reads it lane by lane.
 
     Invariants (the property tests check them): ``0 <= credit <= credit_cap`` for every tenant
     and class; a lane or class with an empty queue has credit 0; a lane with queued calls is in
@@ -70,11 +55,114 @@ class DrrState:
     """
 
     credit_cap: int
-    lanes: list[TenantLane]
+    #: Per lane: its quantum, its credit, its calls queued, where it is in the rotation.
+    quantum: list[int]
+    credit: list[int]
+    queued: list[int]
+    listed: list[int]
+    #: Per lane: the slot of its class 0; its classes' rotation, None for a one-class lane.
+    first: list[int]
+    class_active: list[deque[int] | None]
+    #: Per slot: the class's quantum, its credit, the first and last call of its queue.
+    class_quantum: list[int]
+    class_credit: list[int]
+    head: list[ReadyCall | None]
+    tail: list[ReadyCall | None]
     new: deque[int] = field(default_factory=deque)
     old: deque[int] = field(default_factory=deque)
     rounds: int = 0
     round_left: int = 0
+
+    @property
+    def lanes(self) -> list[LaneView]:
+        """Each lane as an object, for inspection (live: it reads the state as it is then)."""
+        return [LaneView(self, i) for i in range(len(self.quantum))]
+
+
+def new_state(credit_cap: int, quanta: Sequence[tuple[int, Sequence[int]]]) -> DrrState:
+    """The empty state for lanes of ``quanta``: per lane, its quantum and its classes' quanta."""
+    first: list[int] = []
+    class_quantum: list[int] = []
+    for _, classes in quanta:
+        first.append(len(class_quantum))
+        class_quantum.extend(classes)
+    slots = len(class_quantum)
+    lanes = len(quanta)
+    return DrrState(
+        credit_cap=credit_cap,
+        quantum=[q for q, _ in quanta],
+        credit=[0] * lanes,
+        queued=[0] * lanes,
+        listed=[UNLISTED] * lanes,
+        first=first,
+        class_active=[deque() if len(classes) > 1 else None for _, classes in quanta],
+        class_quantum=class_quantum,
+        class_credit=[0] * slots,
+        head=[None] * slots,
+        tail=[None] * slots,
+    )
+
+
+class LaneView:
+    """One lane of a :class:`DrrState`, read through attributes; nothing is copied or kept."""
+
+    __slots__ = ("_index", "_state")
+
+    def __init__(self, state: DrrState, index: int) -> None:
+        self._state, self._index = state, index
+
+    @property
+    def quantum(self) -> int:
+        return self._state.quantum[self._index]
+
+    @property
+    def credit(self) -> int:
+        return self._state.credit[self._index]
+
+    @property
+    def queued(self) -> int:
+        return self._state.queued[self._index]
+
+    @property
+    def listed(self) -> int:
+        return self._state.listed[self._index]
+
+    @property
+    def class_active(self) -> Sequence[int]:
+        return self._state.class_active[self._index] or ()
+
+    @property
+    def classes(self) -> list[ClassView]:
+        state, i = self._state, self._index
+        end = state.first[i + 1] if i + 1 < len(state.first) else len(state.head)
+        return [ClassView(state, slot) for slot in range(state.first[i], end)]
+
+
+class ClassView:
+    """One class (slot) of a :class:`DrrState`: its quantum, credit and queue, read live."""
+
+    __slots__ = ("_slot", "_state")
+
+    def __init__(self, state: DrrState, slot: int) -> None:
+        self._state, self._slot = state, slot
+
+    @property
+    def quantum(self) -> int:
+        return self._state.class_quantum[self._slot]
+
+    @property
+    def credit(self) -> int:
+        return self._state.class_credit[self._slot]
+
+    @property
+    def queue(self) -> list[ReadyCall]:
+        """The class's calls in queue order (a copy)."""
+        calls = []
+        call = self._state.head[self._slot]
+        while call is not None:
+            calls.append(call)
+            call = call.behind
+        return calls
 
 
 @dataclass(slots=True, eq=False)
@@ -105,7 +193,7 @@ def nominate(
     # The same loop as _nominate_passing_over's with nothing passed over, written out: it is
     # the admission hot path, and a call per visit costs more than the rest of the visit.
     new, old = state.new, state.old
-    lanes = state.lanes
+    credit, queued, listed = state.credit, state.queued, state.listed
     cap = state.credit_cap
     idle = 0  # visits in a row that earned no credit; a full cycle of them is a stall
     while True:
@@ -116,24 +204,25 @@ def nominate(
         else:
             return None
         index = rotation[0]
-        lane = lanes[index]
-        if lane.queued:
-            klass = 0 if len(lane.classes) == 1 else _class_head(lane, cap)
+        if queued[index]:
+            klass = 0 if state.class_active[index] is None else _class_head(state, index, cap)
             if klass >= 0:
-                call = lane.classes[klass].queue[0]
-                if call.charge <= lane.credit:
+                call = state.head[state.first[index] + klass]
+                assert call is not None  # the lane's active class has a queue
+                if call.charge <= credit[index]:
                     return Nomination(index, klass, call)
             # The visit is over: earn the next visit's quantum and go to the tail of old.
-            before = lane.credit
-            grant = before + lane.quantum
-            lane.credit = grant if grant < cap else cap
-            idle = 0 if lane.credit != before else idle + 1
+            before = credit[index]
+            grant = before + state.quantum[index]
+            after = grant if grant < cap else cap
+            credit[index] = after
+            idle = 0 if after != before else idle + 1
             rotation.popleft()
             old.append(index)
-            lane.listed = OLD
+            listed[index] = OLD
         else:  # an emptied lane's placeholder reaches the head: it leaves the rotation
             rotation.popleft()
-            lane.listed = UNLISTED
+            listed[index] = UNLISTED
         # count the visit (inlined _count_visit)
         state.round_left -= 1
         if state.round_left <= 0:
@@ -154,48 +243,50 @@ def _nominate_passing_over(
         index, rotation = _first_unskipped(state, skip)
         if index < 0:
             return None
-        lane = state.lanes[index]
-        if lane.queued:
-            if closed and _head_route(lane) in closed:
+        if state.queued[index]:
+            if closed and _head_call(state, index).route in closed:
                 skip.add(index)
                 continue
-            nomination = _offer(lane, index, cap)
+            nomination = _offer(state, index, cap)
             if nomination is not None:
                 return nomination
-            idle = 0 if _end_visit(lane, cap) else idle + 1
+            idle = 0 if _end_visit(state, index, cap) else idle + 1
             _leave(rotation, index)
             state.old.append(index)
-            lane.listed = OLD
+            state.listed[index] = OLD
         else:
             _leave(rotation, index)
-            lane.listed = UNLISTED
+            state.listed[index] = UNLISTED
         _count_visit(state)
         if idle > len(state.new) + len(state.old):
             return None
 
 
-def _offer(lane: TenantLane, index: int, cap: int) -> Nomination | None:
+def _offer(state: DrrState, index: int, cap: int) -> Nomination | None:
     """The lane's next call if its credit covers it, else None (its visit is over)."""
-    klass = 0 if len(lane.classes) == 1 else _class_head(lane, cap)
+    klass = 0 if state.class_active[index] is None else _class_head(state, index, cap)
     if klass >= 0:
-        call = lane.classes[klass].queue[0]
-        if call.charge <= lane.credit:
+        call = state.head[state.first[index] + klass]
+        assert call is not None
+        if call.charge <= state.credit[index]:
             return Nomination(index, klass, call)
     return None
 
 
-def _end_visit(lane: TenantLane, cap: int) -> bool:
+def _end_visit(state: DrrState, index: int, cap: int) -> bool:
     """Credit the lane's quantum for its next visit, up to ``cap``; False if it earned nothing."""
-    before = lane.credit
-    grant = before + lane.quantum
-    lane.credit = grant if grant < cap else cap
-    return lane.credit != before
+    before = state.credit[index]
+    grant = before + state.quantum[index]
+    state.credit[index] = grant if grant < cap else cap
+    return state.credit[index] != before
 
 
-def _head_route(lane: TenantLane) -> str:
-    """The route of the call the lane offers next (its first active class's head)."""
-    klass = 0 if len(lane.classes) == 1 else lane.class_active[0]
-    return lane.classes[klass].queue[0].route
+def _head_call(state: DrrState, index: int) -> ReadyCall:
+    """The call a backlogged lane offers next (its first active class's head)."""
+    active = state.class_active[index]
+    call = state.head[state.first[index] + (0 if active is None else active[0])]
+    assert call is not None
+    return call
 
 
 def _first_unskipped(state: DrrState, skip: Collection[int]) -> tuple[int, deque[int]]:
@@ -220,23 +311,26 @@ def confirm(state: DrrState, nomination: Nomination) -> None:
     Raises :class:`StaleNomination`, changing nothing, if the call is no longer at the head of
     its queue or its charge no longer fits.
     """
-    lane = state.lanes[nomination.lane]
-    cls = lane.classes[nomination.klass]
-    call = nomination.call
-    queue = cls.queue
+    index, klass, call = nomination.lane, nomination.klass, nomination.call
+    slot = state.first[index] + klass
     charge = call.charge
-    multi = len(lane.classes) > 1
-    if not queue or queue[0] is not call or lane.credit < charge or (multi and cls.credit < charge):
+    credit = state.credit
+    multi = state.class_active[index] is not None
+    if (
+        state.head[slot] is not call
+        or credit[index] < charge
+        or (multi and state.class_credit[slot] < charge)
+    ):
         raise StaleNomination(f"nomination of {call.trajectory_id} is stale; nominate again")
-    queue.popleft()
-    lane.credit -= charge
-    lane.queued -= 1
+    _unlink(state, slot, None, call)
+    credit[index] -= charge
+    state.queued[index] -= 1
     if multi:
-        cls.credit -= charge
-        if not queue:
-            _class_emptied(lane, nomination.klass)
-    if not lane.queued:
-        _lane_emptied(state, nomination.lane)
+        state.class_credit[slot] -= charge
+        if state.head[slot] is None:
+            _class_emptied(state, index, klass)
+    if not state.queued[index]:
+        _lane_emptied(state, index)
 
 
 def decline(state: DrrState, nomination: Nomination) -> None:
@@ -247,39 +341,44 @@ def decline(state: DrrState, nomination: Nomination) -> None:
     Raises :class:`StaleNomination` if the call is no longer at the head of its queue.
     """
     index = nomination.lane
-    lane = state.lanes[index]
-    queue = lane.classes[nomination.klass].queue
-    if not queue or queue[0] is not nomination.call:
+    if state.head[state.first[index] + nomination.klass] is not nomination.call:
         raise StaleNomination(
             f"nomination of {nomination.call.trajectory_id} is stale; nothing to decline"
         )
-    rotation = state.new if lane.listed == NEW else state.old
+    rotation = state.new if state.listed[index] == NEW else state.old
     if rotation and rotation[0] == index:
         rotation.popleft()
         state.old.append(index)
-        lane.listed = OLD
+        state.listed[index] = OLD
         _count_visit(state)
 
 
 def enqueue(state: DrrState, lane_index: int, klass: int, call: ReadyCall) -> None:
     """Append a READY call at the tail of its class queue; an idle lane enters the new list.
 
-    The caller has validated the call (tenant, class, size); this cannot fail.
+    The caller has validated the call (tenant, class, size) and queues it once; this cannot
+    fail.
     """
-    lane = state.lanes[lane_index]
-    cls = lane.classes[klass]
-    if not cls.queue and len(lane.classes) > 1:
-        cls.credit = min(cls.quantum, state.credit_cap)
-        lane.class_active.append(klass)
-    cls.queue.append(call)
-    lane.queued += 1
-    if lane.queued > 1:
+    slot = state.first[lane_index] + klass
+    tail = state.tail[slot]
+    if tail is None:
+        state.head[slot] = call
+        active = state.class_active[lane_index]
+        if active is not None:
+            state.class_credit[slot] = min(state.class_quantum[slot], state.credit_cap)
+            active.append(klass)
+    else:
+        tail.behind = call
+    state.tail[slot] = call
+    queued = state.queued[lane_index] + 1
+    state.queued[lane_index] = queued
+    if queued > 1:
         return
     # Empty before: its credit was reset to zero, so it gets the quantum for its coming visit,
     # in the new list if it was out of rotation, or where its placeholder stands in old.
-    lane.credit = min(lane.quantum, state.credit_cap)
-    if lane.listed == UNLISTED:
-        lane.listed = NEW
+    state.credit[lane_index] = min(state.quantum[lane_index], state.credit_cap)
+    if state.listed[lane_index] == UNLISTED:
+        state.listed[lane_index] = NEW
         state.new.append(lane_index)
         if state.round_left <= 0:
             state.round_left = len(state.new) + len(state.old)
@@ -290,21 +389,40 @@ def remove(state: DrrState, lane_index: int, klass: int, call: ReadyCall) -> boo
 
     Returns False if it is not queued. An emptied class or lane has its credit reset to zero.
     """
-    lane = state.lanes[lane_index]
-    cls = lane.classes[klass]
-    try:
-        cls.queue.remove(call)
-    except ValueError:
+    slot = state.first[lane_index] + klass
+    ahead = None
+    at = state.head[slot]
+    while at is not None and at is not call:
+        ahead, at = at, at.behind
+    if at is None:
         return False
-    lane.queued -= 1
-    if not cls.queue and len(lane.classes) > 1:
-        _class_emptied(lane, klass)
-    if not lane.queued:
+    _unlink(state, slot, ahead, call)
+    state.queued[lane_index] -= 1
+    if state.head[slot] is None and state.class_active[lane_index] is not None:
+        _class_emptied(state, lane_index, klass)
+    if not state.queued[lane_index]:
         _lane_emptied(state, lane_index)
     return True
 
 
-# --- rotation bookkeeping ---------------------------------------------------------------------
+def queued_calls(state: DrrState, lane: int, klass: int) -> list[ReadyCall]:
+    """The calls of class ``klass`` of ``lane`` in queue order."""
+    return ClassView(state, state.first[lane] + klass).queue
+
+
+# --- queue and rotation bookkeeping -----------------------------------------------------------
+
+
+def _unlink(state: DrrState, slot: int, ahead: ReadyCall | None, call: ReadyCall) -> None:
+    """Take ``call`` out of the chain of ``slot``; ``ahead`` is the call before it (None: head)."""
+    behind = call.behind
+    if ahead is None:
+        state.head[slot] = behind
+    else:
+        ahead.behind = behind
+    if behind is None:
+        state.tail[slot] = ahead
+    call.behind = None
 
 
 def _count_visit(state: DrrState) -> None:
@@ -316,50 +434,54 @@ def _count_visit(state: DrrState) -> None:
 
 def _lane_emptied(state: DrrState, index: int) -> None:
     """Reset an emptied lane's credit; a new lane becomes a placeholder at the tail of old."""
-    lane = state.lanes[index]
-    lane.credit = 0
-    if lane.listed == NEW:
+    state.credit[index] = 0
+    if state.listed[index] == NEW:
         new = state.new
         at_head = new[0] == index
         new.remove(index)
         state.old.append(index)
-        lane.listed = OLD
+        state.listed[index] = OLD
         if at_head:
             _count_visit(state)
     elif state.old and state.old[0] == index:
         # An old lane that empties during its own visit leaves at once, as in FQ-CoDel;
         # elsewhere in old it stays a placeholder until its turn.
         state.old.popleft()
-        lane.listed = UNLISTED
+        state.listed[index] = UNLISTED
         _count_visit(state)
 
 
-def _class_emptied(lane: TenantLane, klass: int) -> None:
-    lane.classes[klass].credit = 0
-    active = lane.class_active
+def _class_emptied(state: DrrState, index: int, klass: int) -> None:
+    state.class_credit[state.first[index] + klass] = 0
+    active = state.class_active[index]
+    assert active is not None
     if active[0] == klass:
         active.popleft()
     else:
         active.remove(klass)
 
 
-def _class_head(lane: TenantLane, cap: int) -> int:
-    """Index of the class whose head call the tenant offers next, or -1 if none can ever fit.
+def _class_head(state: DrrState, index: int, cap: int) -> int:
+    """Class number whose head call the tenant offers next, or -1 if none can ever fit.
 
     The inner rotation advances here and persists, so the tenant keeps offering the same call
     until it is admitted or withdrawn, and gathers tenant credit for that one call.
     """
-    active = lane.class_active
-    classes = lane.classes
+    active = state.class_active[index]
+    assert active is not None
+    base = state.first[index]
+    credit, quantum, head = state.class_credit, state.class_quantum, state.head
     idle = 0
     while True:
-        cls = classes[active[0]]
-        if cls.queue[0].charge <= cls.credit:
+        slot = base + active[0]
+        call = head[slot]
+        assert call is not None
+        if call.charge <= credit[slot]:
             return active[0]
-        before = cls.credit
-        grant = before + cls.quantum
-        cls.credit = grant if grant < cap else cap
-        idle = 0 if cls.credit != before else idle + 1
+        before = credit[slot]
+        grant = before + quantum[slot]
+        credit[slot] = grant if grant < cap else cap
+        idle = 0 if credit[slot] != before else idle + 1
         active.rotate(-1)
         if idle > len(active):
             return -1

@@ -63,7 +63,7 @@ class LaneIndex:
             for t, live, (_, cs) in zip(self.tenants, self.live, layout, strict=True)
         ]
         #: Per lane: the number of its first class (where a call naming none goes).
-        self._first = [self.class_of[i][t.class_names[0]] for i, t in enumerate(self.tenants)]
+        self.first_class = [self.class_of[i][t.class_names[0]] for i, t in enumerate(self.tenants)]
         #: The lane of each tenant of the configuration, in its order.
         self.configured = [self.lane_of[t.name] for t in config.tenants]
 
@@ -81,11 +81,11 @@ class LaneIndex:
             raise UnknownTenant(f"tenant {tenant!r} is not configured; known: {known}")
         cfg = self.tenants[lane]
         if service_class is None:
-            return lane, self._first[lane], cfg
+            return lane, self.first_class[lane], cfg
         klass = self.class_of[lane].get(service_class)
         if klass is None or service_class not in self._open[lane]:
             if returning:
-                return lane, self._first[lane], cfg
+                return lane, self.first_class[lane], cfg
             raise SubmissionRefused(
                 f"tenant {tenant!r} has no service class {service_class!r}; "
                 f"known: {', '.join(cfg.class_names)}"

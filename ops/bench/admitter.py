@@ -183,8 +183,8 @@ class _Backlog:
         # finds a call's sizes by its lane number: the bench keeps nothing per tenant, and its
         # own work per admission is the same at 3 tenants as at 10,000 (a table per tenant,
         # touched once a round, missed the cache at 10,000 and was counted as the admitter's).
-        lanes = self.admitter.state.lanes
-        assert all(lanes[i].name == n for i, (n, _, _) in enumerate(tenants))
+        lanes = [t.tenant for t in self.admitter.figures().tenants]  # in lane order
+        assert lanes == [n for n, _, _ in tenants]
         # Sizes are drawn before timing so the loop measures the admitter, not the RNG; one
         # sequence per profile, read at one running count: successive calls of a tenant come
         # from far apart in its sequence, so the copies of a profile do not move in step.
@@ -313,7 +313,7 @@ class _Weighted:
             self.admitter.submit(tenant, key, input_tokens=size[0], output_allowance=size[1])
 
     def backlogged(self) -> bool:
-        return any(lane.queued for lane in self.admitter.state.lanes)
+        return any(self.admitter.state.queued)
 
     def admit(self) -> tuple[str, int, float]:
         nomination = self.admitter.nominate()
