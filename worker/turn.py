@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar, cast
 
 from kernel.context import KernelContext, StepResult
+from kernel.errors import ControlFlow, InvalidInput
 from kernel.events import (
     CancelCall,
     Command,
@@ -31,6 +32,7 @@ from kernel.events import (
     Recover,
 )
 from kernel.record import TrajectoryRecord
+from kernel.step import step
 from router.commits import advance
 from router.custody import Custody
 from router.feed import CancelListener, Feed, Notice, NoticeKind, ready_notice
@@ -112,6 +114,16 @@ class _Started:
 
 
 @dataclass(frozen=True, slots=True)
+class _Pending:
+    """A turn's last step, taken and not committed: it left the trajectory READY, and a
+    follow-on admission commits it with the next turn's admission (one compare-and-set)."""
+
+    before: TrajectoryRecord  # the stored record it was stepped on
+    event: Event
+    result: StepResult
+
+
+@dataclass(frozen=True, slots=True)
 class _Ended:
     """A turn whose commands are all carried out: the newest record, how the turn ended and
     the model tokens its last metered call used."""
@@ -121,6 +133,7 @@ class _Ended:
     reason: str
     used_tokens: int
     metered: Metered | None = None  # the last model reply's meter (its quota feedback)
+    pending: _Pending | None = None  # the last step, when it is still to be committed
 
 
 class _OnPart(Generic[T]):
@@ -276,21 +289,32 @@ class TurnRunner:
         self, msg: TurnMessage, redelivered: bool, held: _FollowOn | None, task_began: float
     ) -> tuple[TurnReport, _FollowOn | None]:
         turn = self._start(msg, redelivered) if held is None else _resumed(held)
+        first = turn.first
         self._note_affinity(turn.rec)
-        end = self._carry_out(turn)
-        rec = end.rec
-        report = TurnReport(
-            end.kind, end.reason, rec.record_version - turn.first, rec.record_version
+        follow_on = self.follow_on
+        end = self._carry_out(
+            turn, follow_on is not None and follow_on.may_follow_on(msg, task_began)
         )
-        if end.kind is NoticeKind.FINISHED:
-            self._carrier.remember_episode(rec)
-        if end.kind is not NoticeKind.READY:
+        nxt: _FollowOn | None = None
+        if end.kind is NoticeKind.READY:
+            end, nxt = self._hand_over(msg, end, turn, task_began)
+        else:
+            self._notify(msg, end)
+        version = end.rec.record_version
+        return TurnReport(end.kind, end.reason, version - first, version), nxt
+
+    def _notify(self, msg: TurnMessage, end: _Ended) -> None:
+        """Push the one notice of a turn that ended here (``end``, committed)."""
+        rec = end.rec
+        if end.kind is NoticeKind.READY:
+            notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
+        else:
+            if end.kind is NoticeKind.FINISHED:
+                self._carrier.remember_episode(rec)
             notice = Notice(
                 end.kind, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id
             )
-            self._ending.notify(msg, notice, end.used_tokens, end.metered)
-            return report, None
-        return report, self._hand_over(msg, end, turn.ctx, task_began)
+        self._ending.notify(msg, notice, end.used_tokens, end.metered)
 
     def _note_affinity(self, rec: TrajectoryRecord) -> None:
         """Remember that this worker runs ``rec``'s current turn; report whether it ran the one
@@ -322,8 +346,13 @@ class TurnRunner:
             turn.todo.extend(msg.commands)
         return turn
 
-    def _carry_out(self, turn: _Started) -> _Ended:
-        """Carry out the queued commands, committing each outcome before what it asks for."""
+    def _carry_out(self, turn: _Started, defer: bool = False) -> _Ended:
+        """Carry out the queued commands, committing each outcome before what it asks for.
+
+        ``defer``: an outcome that leaves the trajectory READY with nothing else to do, the
+        turn's last, is stepped and not committed (:class:`_Pending`): asks nothing of anyone,
+        so it waits for the next turn's admission (unless the reply brought quota news, which
+        a router's gates must see)."""
         rec, todo, ctx = turn.rec, turn.todo, turn.ctx
         ended, reason, used = NoticeKind.IDLE, "nothing left to do", NO_USAGE
         last: Metered | None = None
@@ -342,7 +371,13 @@ class TurnRunner:
                 last = metered
                 if metered.used_tokens is not None:
                     used = metered.used_tokens
-            rec, result = self._commit(rec, event, ctx)
+            stepped = None
+            if defer and not todo and (last is None or not last.feedback):
+                stepped = _stepped(rec, event, ctx)
+                if stepped is not None and _leaves_ready(rec, stepped):
+                    pending = _Pending(rec, event, stepped)
+                    return _Ended(stepped.record, NoticeKind.READY, "ready", used, last, pending)
+            rec, result = self._commit(rec, event, ctx, stepped)
             if result is None:
                 ended, reason = NoticeKind.IDLE, "the kernel refused an outcome (logged)"
                 break
@@ -352,39 +387,77 @@ class TurnRunner:
         return _Ended(rec, ended, reason, used, last)
 
     def _hand_over(
-        self, msg: TurnMessage, end: _Ended, ctx: KernelContext, task_began: float
-    ) -> _FollowOn | None:
+        self, msg: TurnMessage, end: _Ended, turn: _Started, task_began: float
+    ) -> tuple[_Ended, _FollowOn | None]:
         """A turn ended READY: admit its successor here (:mod:`worker.follow_on`), or push the
-        READY notice that has a router requeue it."""
-        rec, used = end.rec, end.used_tokens
+        READY notice that has a router requeue it. Returns how the turn ended (a pending last
+        step landed, and what it asked carried out) and the turn that follows, if any; a turn
+        that did not end READY after all has its notice pushed here too."""
+        rec, used, ctx = end.rec, end.used_tokens, turn.ctx
         notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
         follow_on = self.follow_on
         quota_news = end.metered is not None and end.metered.feedback  # for a router's gates
         if follow_on is None or quota_news or not follow_on.may_follow_on(msg, task_began):
-            self._ending.notify(msg, notice, used, end.metered)
-            return None
+            end = self._land(turn, end)
+            self._notify(msg, end)
+            return end, None
         self._ending.let_go(msg)
+        pending = end.pending
+        landed: list[_Ended] = []
         try:
-            admitted = follow_on.admit(rec, msg, notice, ctx, used)
+            admitted = follow_on.admit(
+                rec if pending is None else pending.before,
+                msg,
+                notice,
+                ctx,
+                used,
+                pending.result if pending is not None else None,
+                lambda: landed.append(self._land(turn, end)),
+            )
         except Exception:  # nothing settled: the notice carries the lease to a router
             log.exception("could not admit the follow-on turn of %s", rec.trajectory_id)
-            self._ending.notify(msg, notice, used)
-            return None
-        if admitted is None:
-            self._ending.notify(replace(msg, lease=""), notice, used)  # the lease is settled
-            return None
+            end = landed[0] if landed else self._land(turn, end)
+            self._notify(msg, end)
+            return end, None
+        if admitted is None:  # the lease is settled
+            end = landed[0] if landed else self._land(turn, end)
+            self._notify(replace(msg, lease=""), end)
+            return end, None
+        if pending is not None and self.observer.tracer.enabled:
+            self.observer.tracer.committed(pending.result, self.tools.route(rec.agent))
         result, nxt = admitted
-        return _FollowOn(nxt, result.record, ctx, tuple(result.commands))
+        return end, _FollowOn(nxt, result.record, ctx, tuple(result.commands))
+
+    def _land(self, turn: _Started, end: _Ended) -> _Ended:
+        """Commit a turn's pending last step the ordinary way (a lost race steps it again on the
+        stored record, which may ask for more: that is carried out too); ``end`` as it was
+        when nothing is pending."""
+        pending = end.pending
+        if pending is None:
+            return end
+        rec, result = self._commit(pending.before, pending.event, turn.ctx, pending.result)
+        if result is None:
+            why = "the kernel refused an outcome (logged)"
+            return _Ended(rec, NoticeKind.IDLE, why, end.used_tokens, end.metered)
+        turn.rec, turn.todo = rec, deque(result.commands)
+        tail = self._carry_out(turn)
+        return replace(tail, used_tokens=end.used_tokens, metered=end.metered)
 
     def _commit(
-        self, rec: TrajectoryRecord, event: Event, ctx: KernelContext
+        self,
+        rec: TrajectoryRecord,
+        event: Event,
+        ctx: KernelContext,
+        stepped: StepResult | None = None,
     ) -> tuple[TrajectoryRecord, StepResult | None]:
-        """Step ``event`` and commit it by compare-and-set; on a lost race reload and re-step.
+        """Step ``event`` (``stepped``: already stepped on ``rec``) and commit it by
+        compare-and-set; on a lost race reload and re-step.
 
         Returns the newest record and the step's result, or None when the kernel refused the
         event on the current record (logged; nothing was written).
         """
-        done = advance(self.store, rec, event, ctx, self.observer, self._provider(rec.agent))
+        provider = self._provider(rec.agent)
+        done = advance(self.store, rec, event, ctx, self.observer, provider, stepped=stepped)
         tracer = self.observer.tracer
         if tracer.enabled and done.committed and done.result is not None:
             tracer.committed(done.result, self.tools.route(rec.agent))
@@ -405,6 +478,21 @@ class TurnRunner:
 def _resumed(held: _FollowOn) -> _Started:
     """A turn admitted here: the record its admission committed, the admission's commands."""
     return _Started(held.rec, held.ctx, held.rec.record_version, deque(held.commands))
+
+
+def _stepped(rec: TrajectoryRecord, event: Event, ctx: KernelContext) -> StepResult | None:
+    """``event`` stepped on ``rec``, or None when the kernel refuses it (the ordinary commit
+    steps it again and logs why)."""
+    try:
+        return step(rec, event, ctx)
+    except (ControlFlow, InvalidInput):
+        return None
+
+
+def _leaves_ready(rec: TrajectoryRecord, result: StepResult) -> bool:
+    """True when ``result`` changed ``rec`` and asks only that the trajectory be queued."""
+    commands = result.commands
+    return result.record is not rec and len(commands) == 1 and isinstance(commands[0], Enqueue)
 
 
 def _ending_of(cmd: Command, rec: TrajectoryRecord) -> tuple[NoticeKind, str] | None:
