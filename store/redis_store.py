@@ -207,13 +207,7 @@ class RedisStore(TrajectoryStore):
 
     # --- snapshots -------------------------------------------------------------------------
 
-    def apply(
-        self,
-        commit: Commit,
-        before: Sequence[tuple[Any, ...]] = (),
-        after: Sequence[tuple[Any, ...]] = (),
-        replies: list[Any] | None = None,
-    ) -> int:
+    def apply(self, commit: Commit, before: Sequence[tuple[Any, ...]] = ()) -> int:
         """One EVALSHA of cas.lua; a lost reply is resolved by commit id (module docstring).
 
         ``before``: commands the server runs first (idempotent ones: they are sent again with
@@ -222,11 +216,7 @@ class RedisStore(TrajectoryStore):
         one node they share the commit's round trip (an error reply of one is raised, though
         the commit after it ran); on a cluster their keys are in other slots, so each is sent,
         and answered, before the commit is (an error reply of one is raised, and no commit is
-        sent). ``after``: on one node, commands sent in the same round trip behind the commit,
-        which the server runs whatever the commit's outcome; their replies (an error reply in
-        its place) go to ``replies``, also when the commit lost. On a cluster, or once the round
-        trip failed, they are not sent (again) and ``replies`` stays empty: the caller sends
-        them itself if they are still wanted."""
+        sent)."""
         if not self._layout_checked:
             self.check_layout()
         snap_key, chain_key, index_key, owing_key = commit_keys(
@@ -249,10 +239,8 @@ class RedisStore(TrajectoryStore):
         if commit.rows:
             call = (*call, commit.first_row, *commit.rows)
         try:
-            reply = self._run_cas(call, before, after, replies)
+            reply = self._run_cas(call, before)
         except TRANSIENT:
-            if replies:  # the replies of a round trip whose end was lost: none is known
-                replies.clear()
             what = (
                 f"trajectory {commit.trajectory_id}: commit {commit.commit_id} "
                 f"(version {commit.version}) has an unknown outcome"
@@ -267,32 +255,24 @@ class RedisStore(TrajectoryStore):
         return settle(commit, Outcome(reply[0]), reply[1])
 
     def _run_cas(
-        self,
-        call: Sequence[bytes | str | int],
-        before: Sequence[tuple[Any, ...]] = (),
-        after: Sequence[tuple[Any, ...]] = (),
-        replies: list[Any] | None = None,
+        self, call: Sequence[bytes | str | int], before: Sequence[tuple[Any, ...]] = ()
     ) -> list[int]:
-        """EVALSHA cas.lua with 4 keys (between ``before`` and ``after``, in one round trip on
-        one node), loading the script once more if the server lost it."""
-        if self._cluster:  # other slots: each in place before the commit is sent
+        """EVALSHA cas.lua with 4 keys (after ``before``, in one round trip on one node),
+        loading the script once more if the server lost it."""
+        if before and self._cluster:  # other slots: each in place before the commit is sent
             for command in before:
                 self._execute(*command)
-            before = after = ()
-        if before or after:
+            before = ()
+        if before:
             batch = direct_batch(self._client)
             for command in before:
                 batch.execute_command(*command)
             batch.execute_command("EVALSHA", self._cas_sha, 4, *call)
-            for command in after:
-                batch.execute_command(*command)
-            got = batch.execute(raise_on_error=False)
-            if replies is not None:
-                replies.extend(got[len(before) + 1 :])
-            for reply_ in got[: len(before)]:
+            replies = batch.execute(raise_on_error=False)
+            for reply_ in replies[:-1]:
                 if isinstance(reply_, Exception):
                     raise reply_
-            return cast(list[int], script_reply(got[len(before)], lambda: self._run_cas(call)))
+            return cast(list[int], script_reply(replies[-1], lambda: self._run_cas(call)))
         try:
             reply: list[int] = self._execute("EVALSHA", self._cas_sha, 4, *call)
         except NoScriptError:

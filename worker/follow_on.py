@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -37,21 +36,11 @@ from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
 from router.turn_message import TurnMessage, worker_commands
 from store.base import prepare_commit
-from store.redis_client import DirectBatch, direct_batch
+from store.redis_client import direct_batch
 from store.redis_store import RedisStore
 
 log = logging.getLogger("reins.worker.follow_on")
 REDEBIT_WAIT_S = (0.05, 1.0)  # first and longest wait between debits of a lapsed claim
-
-
-@dataclass(frozen=True, slots=True)
-class Passed:
-    """A follow-on turn not admitted here: the call is left to a router, and the turn's notice
-    carries ``lease``: "" once the ended turn's lease is settled, or the claim's id when the
-    claim was confirmed behind an admission that then lost its race (the router settles that
-    debit and ends that turn in flight, as for any turn's notice)."""
-
-    lease: str = ""
 
 
 class FollowOn:
@@ -140,23 +129,18 @@ class FollowOn:
         used_tokens: int,
         pending: StepResult | None = None,
         land: Callable[[], object] | None = None,
-    ) -> tuple[StepResult, TurnMessage] | Passed:
+    ) -> tuple[StepResult, TurnMessage] | None:
         """Settle the ended turn's lease and admit ``rec``'s next turn here: the admission's
-        result and the turn's message, or :class:`Passed` (the call is left to a router; the
-        caller pushes ``ready``, the READY notice, with the lease it names). Raises what the
-        store raises when the settlement and claim cannot be sent (the caller's notice carries
-        the ended turn's lease).
+        result and the turn's message, or None (the call is left to a router; the caller
+        pushes ``ready``, the READY notice, without the lease). Raises what the store raises
+        when the settlement and claim cannot be sent (the caller's notice carries the lease).
 
         ``pending``: the ended turn's last step, taken on ``rec`` (the stored record) and not
         committed yet, which left the trajectory READY; the admission is then committed
         together with it, one compare-and-set over ``rec``. When the admission is not
         committed, ``land`` (which commits ``pending`` alone) is called before the claim goes
         back to its queue, so a router that takes it finds the trajectory READY; returning
-        :class:`Passed` without having called it, or raising, leaves ``pending`` to the caller.
-
-        On one node the claim is confirmed in the admission's round trip, behind its
-        compare-and-set; if that compare-and-set loses, the claim stays confirmed and
-        :class:`Passed` names it, so the notice returns its debit and its place in flight.
+        None without having called it, or raising, leaves ``pending`` to the caller.
 
         The result's commands may end the run or hold it (the kernel decided that at
         admission); the caller carries them out as a turn's own.
@@ -166,7 +150,7 @@ class FollowOn:
         _, claim = self.admitter.claim_returning(entry, settle=settle)
         if claim is None:
             self._count(passed=1)
-            return Passed()
+            return None
         now = self.clock()
         ready_rec = rec if pending is None else pending.record
         result = step(ready_rec, Admit(now=now), ctx)
@@ -175,32 +159,21 @@ class FollowOn:
         # In custody before it commits, in the same round trip, so the reconciler finds the turn
         # if this worker dies from then on.
         custody = self.custody.commands(self.worker, nxt) if commands else []
-        confirm = self._confirmation(claim, now) if commands else None
-        replies: list[Any] = []
-        after = confirm[0] if confirm is not None else ()
-        why = self._commit_admission(rec, result, ctx, custody, pending, after, replies)
+        why = self._commit_admission(rec, result, ctx, custody, pending)
         if why:  # a router takes it from its queue head and decides afresh
             log.info("declined a follow-on turn of %s: %s", rec.trajectory_id, why)
             if custody and result.record is not ready_rec:
                 self.custody.release(self.worker, rec.tenant, rec.trajectory_id, nxt.version)
             if pending is not None and land is not None:
                 land()
+            self._decline(claim)
             self._count(passed=1)
-            if confirm is not None and replies:
-                with self._lock:
-                    confirmed = confirm[1](replies[0]) is not None
-                return Passed(claim.claim_id) if confirmed else Passed()
-            declined = self._decline(claim)
-            # Not pending: reaped, or confirmed by the round trip whose reply was lost.
-            return Passed(claim.claim_id if after and not declined else "")
+            return None
         if not commands:  # the kernel ended the run or held it at admission: no turn to run
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
             self.custody.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
-        if confirm is not None and replies:
-            self._confirmed(claim, confirm[1], replies)
-        else:  # on a cluster, or after a lost round trip: confirmed on its own
-            self._confirm_claim(claim, now)
+        self._confirm_claim(claim, now)
         self._count(admitted=1)
         return result, nxt
 
@@ -211,12 +184,9 @@ class FollowOn:
         ctx: KernelContext,
         custody: list[tuple[str, ...]],
         pending: StepResult | None,
-        after: Sequence[tuple[Any, ...]],
-        replies: list[Any],
     ) -> str:
         """Commit the admission ``result`` (after ``pending``, when given) by compare-and-set
-        over ``rec``, its ``custody`` entry written first in the same round trip and ``after``
-        sent behind it (their replies to ``replies``: the store's ``apply``); "" once
+        over ``rec``, its ``custody`` entry written first in the same round trip; "" once
         committed, else why it was not."""
         ready = rec if pending is None else pending.record
         if result.record is ready:
@@ -231,7 +201,7 @@ class FollowOn:
                 result,
                 self.observer,
                 provider,
-                cas=lambda: self.store.apply(prepared, custody, after, replies),
+                cas=lambda: self.store.apply(prepared, before=custody),
             )
         except (ConcurrentModification, ReinsError) as exc:
             return str(exc)
@@ -239,31 +209,13 @@ class FollowOn:
             self.observer.on_step_result(rec, pending, provider)
         return ""
 
-    def _confirmation(
-        self, claim: Claim, now: float
-    ) -> tuple[list[tuple[Any, ...]], Callable[[Any], float | None]] | None:
-        """The commands that commit ``claim`` and record its admission for the figures, and
-        the function that reads the confirmation's reply; None for a client whose batches are
-        not plain command lists (a cluster's: the claim is confirmed in its own round trip)."""
-        batch = direct_batch(self.client)
-        if not isinstance(batch, DirectBatch):
-            return None
-        confirmed = self.admitter.confirm_on(batch, claim)
-        self.feed.record_admissions([self._entry(claim, now)], pipeline=batch)
-        return batch.commands, confirmed
-
     def _confirm_claim(self, claim: Claim, now: float) -> None:
-        """Commit the claim and record the admission for the figures, in one round trip."""
+        """Commit the claim and record the admission for the figures, in one round trip; a
+        claim reaped meanwhile is debited again before its call may be sent."""
         pipe = direct_batch(self.client)
         confirmed = self.admitter.confirm_on(pipe, claim)
         self.feed.record_admissions([self._entry(claim, now)], pipeline=pipe)
-        self._confirmed(claim, confirmed, pipe.execute(raise_on_error=False))
-
-    def _confirmed(
-        self, claim: Claim, confirmed: Callable[[Any], float | None], replies: Sequence[Any]
-    ) -> None:
-        """Read the replies of a claim's confirmation and figures entry; a claim reaped
-        meanwhile is debited again before its call may be sent."""
+        replies = pipe.execute(raise_on_error=False)
         for reply in replies[1:]:
             if isinstance(reply, Exception):
                 raise reply
@@ -298,16 +250,11 @@ class FollowOn:
             self.admitted += admitted
             self.passed += passed
 
-    def _decline(self, claim: Claim) -> bool:
-        """Give the claim back; False when it was no longer pending (reaped meanwhile, and
-        requeued by the reconciler already, or confirmed by a round trip whose reply was
-        lost)."""
+    def _decline(self, claim: Claim) -> None:
         try:
             self.admitter.decline(claim)
-        except ReinsError as exc:
+        except ReinsError as exc:  # reaped meanwhile: the reconciler requeued it already
             log.warning("could not decline claim %s: %s", claim.claim_id, exc)
-            return False
-        return True
 
     def _debit_again(self, claim: Claim) -> None:
         """A lapsed claim's debit was released: no request leaves without one standing. Past

@@ -39,7 +39,7 @@ from router.turn_message import HandBackWhy, TurnMessage
 from store.base import TrajectoryStore
 from worker import turn_checks as checks
 from worker.fleet_agents import TurnTools
-from worker.follow_on import FollowOn, Passed
+from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InflightCalls
 from worker.tool_gates import ToolGates
@@ -380,12 +380,9 @@ class TurnRunner:
             end = landed[0] if landed else self._land(turn, end)
             self._notify(msg, end)
             return end, None
-        if isinstance(admitted, Passed):  # the ended turn's lease is settled
+        if admitted is None:  # the lease is settled
             end = landed[0] if landed else self._land(turn, end)
-            if admitted.lease:  # a confirmed claim whose call was never sent: no usage
-                self._notify(replace(msg, lease=admitted.lease), replace(end, used_tokens=NO_USAGE))
-            else:
-                self._notify(replace(msg, lease=""), end)
+            self._notify(replace(msg, lease=""), end)
             return end, None
         if pending is not None and self.observer.tracer.enabled:
             self.observer.tracer.committed(pending.result, self.tools.route(rec.agent))
