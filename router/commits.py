@@ -75,25 +75,29 @@ def advance(
     observer: CommitObserver,
     provider: str = NO_PROVIDER,
     still: Callable[[TrajectoryRecord], bool] | None = None,
+    stepped: StepResult | None = None,
 ) -> Advance:
     """Step ``event`` on ``rec`` and commit it; on a lost race reload, re-check, step again.
 
     ``still`` (when given) is checked on every record reloaded after a lost race: False ends
-    the loop without writing (the record moved on). A refusal by the kernel writes nothing and
-    is returned, not raised. After :data:`MAX_COMMIT_ATTEMPTS` lost races raises
+    the loop without writing (the record moved on). ``stepped``: the step of ``event`` on
+    ``rec`` already taken, committed as the first attempt. A refusal by the kernel writes
+    nothing and is returned, not raised. After :data:`MAX_COMMIT_ATTEMPTS` lost races raises
     :class:`StoreError`; any other error of the store propagates.
     """
+    result = stepped
     for _ in range(MAX_COMMIT_ATTEMPTS):
-        try:
-            result = step(rec, event, ctx)
-        except (ControlFlow, InvalidInput) as refusal:
-            return Advance(rec, None, refusal=refusal)
+        if result is None:
+            try:
+                result = step(rec, event, ctx)
+            except (ControlFlow, InvalidInput) as refusal:
+                return Advance(rec, None, refusal=refusal)
         if result.record is rec:
             return Advance(rec, result)
         try:
             commit(store, rec, result, observer, provider)
         except ConcurrentModification:
-            rec = store.load(rec.tenant, rec.trajectory_id)
+            rec, result = store.load(rec.tenant, rec.trajectory_id), None
             if still is not None and not still(rec):
                 return Advance(rec, None)
             continue

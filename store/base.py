@@ -104,7 +104,9 @@ def prepare_commit(
     """Check a commit and serialise it; raise :class:`InvalidInput` for anything malformed.
 
     The new version must be above the expected one; every row must belong to the record's
-    trajectory and tenant, carry the new version, and the rows' indexes must be consecutive.
+    trajectory and tenant and carry a version above the expected one and at most the new one,
+    never lower than the row before it (several steps committed as one: each row keeps the
+    version its step made), and the rows' indexes must be consecutive.
     """
     tid, tenant, version = record.trajectory_id, record.tenant, record.record_version
     if not tid or not tenant:
@@ -117,17 +119,19 @@ def prepare_commit(
     if commit_id is not None and not commit_id:
         raise InvalidInput(f"trajectory {tid}: an empty commit id")
     first = chain_rows[0].index if chain_rows else 0
+    lowest = expected_version + 1
     for offset, row in enumerate(chain_rows):
         if row.trajectory_id != tid or row.tenant != tenant:
             raise InvalidInput(
                 f"trajectory {tid}: chain row {row.index} belongs to trajectory "
                 f"{row.trajectory_id} of tenant {row.tenant}"
             )
-        if row.record_version != version:
+        if not lowest <= row.record_version <= version:
             raise InvalidInput(
                 f"trajectory {tid}: chain row {row.index} carries version {row.record_version}, "
-                f"the commit writes version {version}"
+                f"the commit writes versions {lowest} to {version}"
             )
+        lowest = row.record_version
         if row.index != first + offset:
             raise InvalidInput(f"trajectory {tid}: chain row indexes are not consecutive")
     return Commit(

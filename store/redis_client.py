@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 from urllib.parse import SplitResult, unquote, urlsplit
 
+import hiredis
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import Connection, HiredisRespSerializer
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -277,6 +279,30 @@ def client_for(settings: Settings, *, broker: bool = False) -> redis.Redis:
     )
 
 
+class _Forks:
+    """How many times this process was forked into the one running: a child's pinned
+    connections are its parent's sockets, so it takes its own. Counted by a fork hook, not
+    by ``os.getpid()`` on every call (a system call per Redis call)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._hooked = False
+        self._lock = threading.Lock()
+
+    def watch(self) -> None:
+        """Count forks from now on (the hook is installed once per process)."""
+        with self._lock:
+            if not self._hooked:
+                os.register_at_fork(after_in_child=self._forked)
+                self._hooked = True
+
+    def _forked(self) -> None:
+        self.count += 1
+
+
+_FORKS = _Forks()
+
+
 class _Pinned:
     """One connection per thread, taken from a client's pool once and kept for the thread's
     later direct calls; given back only when it is spent (an error that may leave a reply
@@ -291,14 +317,29 @@ class _Pinned:
     def __init__(self, pool: Any) -> None:
         self._pool = pool
         self._local = threading.local()
+        _FORKS.watch()
 
     def get(self) -> Any:
         local = self._local
         conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():  # a forked child never reuses a socket
+        if conn is None or local.forks != _FORKS.count:  # a forked child never reuses a socket
             conn = local.conn = self._pool.get_connection()
-            local.pid = os.getpid()
+            local.pack = _packer(conn)
+            local.forks = _FORKS.count
         return conn
+
+    def send(self, conn: Any, commands: Sequence[tuple[Any, ...]]) -> None:
+        """Write ``commands`` on ``conn`` (this thread's, from :meth:`get`) in one write."""
+        pack = self._local.pack
+        if pack is None:  # a connection of its own kind: its own packing and sending
+            if len(commands) == 1:
+                conn.send_command(*commands[0])
+            else:
+                conn.send_packed_command(conn.pack_commands(commands))
+        elif len(commands) == 1:
+            conn.send_packed_command([pack(commands[0])])
+        else:
+            conn.send_packed_command([b"".join([pack(c) for c in commands])])
 
     def spend(self, conn: Any) -> None:
         """Disconnect ``conn`` (replies may still be on their way) and give it back."""
@@ -307,6 +348,16 @@ class _Pinned:
             conn.disconnect()
         finally:
             self._pool.release(conn)
+
+
+def _packer(conn: Any) -> Callable[[tuple[Any, ...]], bytes] | None:
+    """hiredis's own packer for a plain connection that would call it (redis-py's wrapper
+    copies and re-checks every argument in Python first, for argument types the direct paths
+    never send), or None: a connection of another kind packs and sends its own way."""
+    plain = type(conn).send_command is Connection.send_command
+    if plain and isinstance(getattr(conn, "_command_packer", None), HiredisRespSerializer):
+        return cast(Callable[[tuple[Any, ...]], bytes], hiredis.pack_command)
+    return None
 
 
 _PINNED_LOCK = threading.Lock()
@@ -343,7 +394,7 @@ def direct_command(client: redis.Redis) -> Callable[..., Any]:
     def execute(*args: Any) -> Any:
         conn = pinned.get()
         try:
-            conn.send_command(*args)
+            pinned.send(conn, (args,))
             return conn.read_response()
         except ResponseError:
             raise  # an error reply: read in full, the connection stays good
@@ -433,7 +484,7 @@ class DirectBatch:
         conn = self._pinned.get()
         replies: list[Any] = []
         try:
-            conn.send_packed_command(conn.pack_commands(commands))
+            self._pinned.send(conn, commands)
             for _ in commands:
                 try:
                     replies.append(conn.read_response())

@@ -94,6 +94,8 @@ class TurnTools:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _backends: dict[str, ToolBackend] = field(default_factory=dict)
     _providers: dict[str, Model] = field(default_factory=dict)
+    # per agent: the module its profile was made from, and the profile with the overrides
+    _profiles: dict[str, tuple[AgentModule, AgentProfile]] = field(default_factory=dict)
 
     def backend(self, ref: str) -> ToolBackend:
         """The one tool backend of agent ``ref`` in this worker (built on first use)."""
@@ -110,14 +112,24 @@ class TurnTools:
 
     def profile(self, ref: str) -> AgentProfile:
         """The agent's profile with this worker's model overrides applied."""
-        o = self.overrides
-        return with_model(
-            self.agents.get(ref)[0].profile,
-            provider=o.provider,
-            base_url=o.base_url,
-            name=o.name,
-            api_key_env=o.api_key_env,
-        )
+        return self._profile(ref, self.agents.get(ref)[0])
+
+    def _profile(self, ref: str, agent: AgentModule) -> AgentProfile:
+        """``agent``'s profile with the overrides, made once per module the cache hands out."""
+        found = self._profiles.get(ref)
+        if found is None or found[0] is not agent:
+            o = self.overrides
+            found = self._profiles[ref] = (
+                agent,
+                with_model(
+                    agent.profile,
+                    provider=o.provider,
+                    base_url=o.base_url,
+                    name=o.name,
+                    api_key_env=o.api_key_env,
+                ),
+            )
+        return found[1]
 
     def route(self, ref: str) -> str:
         """The provider route (``provider/model``) the agent's calls take from this worker."""
@@ -131,7 +143,7 @@ class TurnTools:
         providers are built once per agent and shared by the worker's threads.
         """
         agent = self.agents.get(ref)[0]
-        profile = self.profile(ref)
+        profile = self._profile(ref, agent)
         if profile.model.provider == "scripted":
             policy = agent.make_policy(goal)
             return PacedModel(ScriptedModel(policy), self.overrides.scripted_latency_s)

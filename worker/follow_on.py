@@ -127,11 +127,20 @@ class FollowOn:
         ready: Notice,
         ctx: KernelContext,
         used_tokens: int,
+        pending: StepResult | None = None,
+        land: Callable[[], object] | None = None,
     ) -> tuple[StepResult, TurnMessage] | None:
         """Settle the ended turn's lease and admit ``rec``'s next turn here: the admission's
         result and the turn's message, or None (the call is left to a router; the caller
         pushes ``ready``, the READY notice, without the lease). Raises what the store raises
         when the settlement and claim cannot be sent (the caller's notice carries the lease).
+
+        ``pending``: the ended turn's last step, taken on ``rec`` (the stored record) and not
+        committed yet, which left the trajectory READY; the admission is then committed
+        together with it, one compare-and-set over ``rec``. When the admission is not
+        committed, ``land`` (which commits ``pending`` alone) is called before the claim goes
+        back to its queue, so a router that takes it finds the trajectory READY; returning
+        None without having called it, or raising, leaves ``pending`` to the caller.
 
         The result's commands may end the run or hold it (the kernel decided that at
         admission); the caller carries them out as a turn's own.
@@ -143,17 +152,20 @@ class FollowOn:
             self._count(passed=1)
             return None
         now = self.clock()
-        result = step(rec, Admit(now=now), ctx)
+        ready_rec = rec if pending is None else pending.record
+        result = step(ready_rec, Admit(now=now), ctx)
         commands = worker_commands(result.commands)
         nxt = self._message(result.record, msg, claim.claim_id if commands else "", commands, now)
         # In custody before it commits, in the same round trip, so the reconciler finds the turn
         # if this worker dies from then on.
         custody = self.custody.commands(self.worker, nxt) if commands else []
-        why = self._commit_admission(rec, result, ctx, custody)
+        why = self._commit_admission(rec, result, ctx, custody, pending)
         if why:  # a router takes it from its queue head and decides afresh
             log.info("declined a follow-on turn of %s: %s", rec.trajectory_id, why)
-            if custody and result.record is not rec:
+            if custody and result.record is not ready_rec:
                 self.custody.release(self.worker, rec.tenant, rec.trajectory_id, nxt.version)
+            if pending is not None and land is not None:
+                land()
             self._decline(claim)
             self._count(passed=1)
             return None
@@ -171,23 +183,30 @@ class FollowOn:
         result: StepResult,
         ctx: KernelContext,
         custody: list[tuple[str, ...]],
+        pending: StepResult | None,
     ) -> str:
-        """Commit the admission ``result`` by compare-and-set, its ``custody`` entry written first
-        in the same round trip; "" once committed, else why it was not."""
-        if result.record is rec:
+        """Commit the admission ``result`` (after ``pending``, when given) by compare-and-set
+        over ``rec``, its ``custody`` entry written first in the same round trip; "" once
+        committed, else why it was not."""
+        ready = rec if pending is None else pending.record
+        if result.record is ready:
             return f"the kernel did not admit it ({result.note})"
-        prepared = prepare_commit(result.record, rec.record_version, result.rows)
+        rows = result.rows if pending is None else [*pending.rows, *result.rows]
+        prepared = prepare_commit(result.record, rec.record_version, rows)
+        provider = ctx.agent.model.provider
         try:
             commit(
                 self.store,
-                rec,
+                ready,
                 result,
                 self.observer,
-                ctx.agent.model.provider,
+                provider,
                 cas=lambda: self.store.apply(prepared, before=custody),
             )
         except (ConcurrentModification, ReinsError) as exc:
             return str(exc)
+        if pending is not None:
+            self.observer.on_step_result(rec, pending, provider)
         return ""
 
     def _confirm_claim(self, claim: Claim, now: float) -> None:

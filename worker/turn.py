@@ -3,11 +3,14 @@
 :meth:`TurnRunner.run` loads the record and checks the message (:mod:`worker.turn_checks`),
 carries out the committed commands (:mod:`worker.turn_commands`), commits each outcome by
 compare-and-set before carrying out what it asks for, and ends the turn
-(:mod:`worker.turn_ending`). Nothing reaches a model or a tool that the store does not hold; a
+(:mod:`worker.turn_ending`); the values it hands between those stages are in
+:mod:`worker.turn_stages`. Nothing reaches a model or a tool that the store does not hold; a
 lost race re-steps the same event on the reloaded record; a stale message changes nothing; each
 message ends in exactly one notice or one hand-back, then its custody entry is released. With a
-:class:`~worker.follow_on.FollowOn`, turns admitted here follow in the same call. An optional
-:class:`TurnObserver` is told of each turn and commit. See docs/adr/0040-turn-runner.md.
+:class:`~worker.follow_on.FollowOn`, turns admitted here follow in the same call, and an
+outcome that only leaves the trajectory READY waits to be committed with the next turn's
+admission. An optional :class:`TurnObserver` is told of each turn and commit. See
+docs/adr/0040-turn-runner.md.
 """
 
 from __future__ import annotations
@@ -23,11 +26,8 @@ from typing import Generic, TypeVar, cast
 from kernel.context import KernelContext, StepResult
 from kernel.events import (
     CancelCall,
-    Command,
     Enqueue,
     Event,
-    Finish,
-    HoldForApproval,
     Recover,
 )
 from kernel.record import TrajectoryRecord
@@ -46,6 +46,18 @@ from worker.tool_gates import ToolGates
 from worker.turn_checks import HandBackInstead, Ignored, Opening
 from worker.turn_commands import CommandCarrier, Metered
 from worker.turn_ending import NO_USAGE, TurnEnding
+from worker.turn_stages import (
+    Ended,
+    FollowOnTurn,
+    Started,
+    deferred,
+    ending_of,
+    idle,
+    leaves_ready,
+    news,
+    resumed,
+    try_step,
+)
 
 log = logging.getLogger("reins.worker.turn")
 T = TypeVar("T")
@@ -87,40 +99,6 @@ class TurnObserver(AdmissionObserver):
 
 #: Trajectories a worker remembers running, for the affinity it reports (the oldest go first).
 AFFINITY_MEMORY = 50_000
-
-
-@dataclass(frozen=True, slots=True)
-class _FollowOn:
-    """A turn admitted on this worker (:mod:`worker.follow_on`): its message, the record its
-    admission committed and the admission's commands."""
-
-    msg: TurnMessage
-    rec: TrajectoryRecord
-    ctx: KernelContext
-    commands: tuple[Command, ...]
-
-
-@dataclass(slots=True)
-class _Started:
-    """A turn about to carry out its commands: the record, its agent's context, the version
-    the turn started from and the commands still to carry out."""
-
-    rec: TrajectoryRecord
-    ctx: KernelContext
-    first: int
-    todo: deque[Command]
-
-
-@dataclass(frozen=True, slots=True)
-class _Ended:
-    """A turn whose commands are all carried out: the newest record, how the turn ended and
-    the model tokens its last metered call used."""
-
-    rec: TrajectoryRecord
-    kind: NoticeKind
-    reason: str
-    used_tokens: int
-    metered: Metered | None = None  # the last model reply's meter (its quota feedback)
 
 
 class _OnPart(Generic[T]):
@@ -221,8 +199,8 @@ class TurnRunner:
     # --- one turn ------------------------------------------------------------------------------
 
     def _turn(
-        self, msg: TurnMessage, redelivered: bool, held: _FollowOn | None, task_began: float
-    ) -> tuple[TurnReport, _FollowOn | None]:
+        self, msg: TurnMessage, redelivered: bool, held: FollowOnTurn | None, task_began: float
+    ) -> tuple[TurnReport, FollowOnTurn | None]:
         """Run one turn and account for it; whatever goes wrong still ends in one notice."""
         began, started = time.perf_counter(), self.clock()
         with self._lock:
@@ -231,7 +209,7 @@ class TurnRunner:
             if msg.admitted_at > 0:
                 self._delays_ms.append(max(started - msg.admitted_at, 0.0) * 1000.0)
         holder = self._ending.keep_lease(msg)
-        nxt: _FollowOn | None = None
+        nxt: FollowOnTurn | None = None
         try:
             with self.observer.tracer.turn(msg, self.worker):
                 report, nxt = self._run(msg, redelivered, held, task_began)
@@ -250,7 +228,7 @@ class TurnRunner:
             # (or lapses with a holder that died), never by this notice.
             if holder:
                 self._ending.let_go(msg)
-            self._ending.notify(msg, _idle(msg), holder=False)
+            self._ending.notify(msg, idle(msg), holder=False)
         except HandBackInstead as back:
             log.warning(
                 "handed back turn of %s/%s (v%d) on %s: %s",
@@ -265,7 +243,7 @@ class TurnRunner:
         except Exception:  # a bug or an unreachable store: the record stays for recovery
             log.exception("turn of %s/%s failed on %s", msg.tenant, msg.trajectory_id, self.worker)
             report = TurnReport(NoticeKind.IDLE, "failed", 0, msg.version)
-            self._ending.notify(msg, _idle(msg), holder=holder)
+            self._ending.notify(msg, idle(msg), holder=holder)
         finally:
             with self._lock:
                 self.active -= 1
@@ -273,24 +251,35 @@ class TurnRunner:
         return report, nxt
 
     def _run(
-        self, msg: TurnMessage, redelivered: bool, held: _FollowOn | None, task_began: float
-    ) -> tuple[TurnReport, _FollowOn | None]:
-        turn = self._start(msg, redelivered) if held is None else _resumed(held)
+        self, msg: TurnMessage, redelivered: bool, held: FollowOnTurn | None, task_began: float
+    ) -> tuple[TurnReport, FollowOnTurn | None]:
+        turn = self._start(msg, redelivered) if held is None else resumed(held)
+        first = turn.first
         self._note_affinity(turn.rec)
-        end = self._carry_out(turn)
-        rec = end.rec
-        report = TurnReport(
-            end.kind, end.reason, rec.record_version - turn.first, rec.record_version
+        follow_on = self.follow_on
+        end = self._carry_out(
+            turn, follow_on is not None and follow_on.may_follow_on(msg, task_began)
         )
-        if end.kind is NoticeKind.FINISHED:
-            self._carrier.remember_episode(rec)
-        if end.kind is not NoticeKind.READY:
+        nxt: FollowOnTurn | None = None
+        if end.kind is NoticeKind.READY:
+            end, nxt = self._hand_over(msg, end, turn, task_began)
+        else:
+            self._notify(msg, end)
+        version = end.rec.record_version
+        return TurnReport(end.kind, end.reason, version - first, version), nxt
+
+    def _notify(self, msg: TurnMessage, end: Ended) -> None:
+        """Push the one notice of a turn that ended here (``end``, committed)."""
+        rec = end.rec
+        if end.kind is NoticeKind.READY:
+            notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
+        else:
+            if end.kind is NoticeKind.FINISHED:
+                self._carrier.remember_episode(rec)
             notice = Notice(
                 end.kind, rec.tenant, rec.trajectory_id, rec.record_version, msg.call_id
             )
-            self._ending.notify(msg, notice, end.used_tokens, end.metered)
-            return report, None
-        return report, self._hand_over(msg, end, turn.ctx, task_began)
+        self._ending.notify(msg, notice, end.used_tokens, end.metered)
 
     def _note_affinity(self, rec: TrajectoryRecord) -> None:
         """Remember that this worker runs ``rec``'s current turn; report whether it ran the one
@@ -303,12 +292,12 @@ class TurnRunner:
         if rec.turn > 1 and before != rec.turn:  # the same turn again is a redelivery
             self.observer.on_affinity(self.worker, before == rec.turn - 1)
 
-    def _start(self, msg: TurnMessage, redelivered: bool) -> _Started:
+    def _start(self, msg: TurnMessage, redelivered: bool) -> Started:
         """Load the record, check the message against it and queue what the turn carries out."""
         rec = checks.load(self.store, msg)
         opening = checks.opening(rec, msg, redelivered)
         ctx = checks.context(self.tools, rec)
-        turn = _Started(rec, ctx, rec.record_version, deque())
+        turn = Started(rec, ctx, rec.record_version, deque())
         if opening is Opening.REQUEUE:
             # The turn ended READY but its notice may be lost: requeue it, changing nothing.
             turn.todo.append(Enqueue())
@@ -322,14 +311,19 @@ class TurnRunner:
             turn.todo.extend(msg.commands)
         return turn
 
-    def _carry_out(self, turn: _Started) -> _Ended:
-        """Carry out the queued commands, committing each outcome before what it asks for."""
+    def _carry_out(self, turn: Started, defer: bool = False) -> Ended:
+        """Carry out the queued commands, committing each outcome before what it asks for.
+
+        ``defer``: an outcome that leaves the trajectory READY with nothing else to do, the
+        turn's last, is stepped and not committed (:class:`Pending`): asks nothing of anyone,
+        so it waits for the next turn's admission (unless the reply brought quota news, which
+        a router's gates must see)."""
         rec, todo, ctx = turn.rec, turn.todo, turn.ctx
         ended, reason, used = NoticeKind.IDLE, "nothing left to do", NO_USAGE
         last: Metered | None = None
         while todo:
             cmd = todo.popleft()
-            ending = _ending_of(cmd, rec)
+            ending = ending_of(cmd, rec)
             if ending is not None:
                 ended, reason = ending
                 continue
@@ -342,49 +336,89 @@ class TurnRunner:
                 last = metered
                 if metered.used_tokens is not None:
                     used = metered.used_tokens
-            rec, result = self._commit(rec, event, ctx)
+            stepped = try_step(rec, event, ctx) if defer and not todo and not news(last) else None
+            if stepped is not None and leaves_ready(rec, stepped):
+                return deferred(rec, event, stepped, used, last)
+            rec, result = self._commit(rec, event, ctx, stepped)
             if result is None:
                 ended, reason = NoticeKind.IDLE, "the kernel refused an outcome (logged)"
                 break
             if result.quarantined is not None:
                 log.info("%s: reply quarantined (%s)", rec.trajectory_id, result.quarantined.why)
             todo.extend(result.commands)
-        return _Ended(rec, ended, reason, used, last)
+        return Ended(rec, ended, reason, used, last)
 
     def _hand_over(
-        self, msg: TurnMessage, end: _Ended, ctx: KernelContext, task_began: float
-    ) -> _FollowOn | None:
+        self, msg: TurnMessage, end: Ended, turn: Started, task_began: float
+    ) -> tuple[Ended, FollowOnTurn | None]:
         """A turn ended READY: admit its successor here (:mod:`worker.follow_on`), or push the
-        READY notice that has a router requeue it."""
-        rec, used = end.rec, end.used_tokens
-        notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
+        READY notice that has a router requeue it. Returns how the turn ended (a pending last
+        step landed, and what it asked carried out) and the turn that follows, if any; a turn
+        that did not end READY after all has its notice pushed here too."""
+        rec, used, ctx = end.rec, end.used_tokens, turn.ctx
         follow_on = self.follow_on
-        quota_news = end.metered is not None and end.metered.feedback  # for a router's gates
-        if follow_on is None or quota_news or not follow_on.may_follow_on(msg, task_began):
-            self._ending.notify(msg, notice, used, end.metered)
-            return None
+        if follow_on is None or news(end.metered) or not follow_on.may_follow_on(msg, task_began):
+            end = self._land(turn, end)
+            self._notify(msg, end)
+            return end, None
+        notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
         self._ending.let_go(msg)
+        pending = end.pending
+        landed: list[Ended] = []
         try:
-            admitted = follow_on.admit(rec, msg, notice, ctx, used)
+            admitted = follow_on.admit(
+                rec if pending is None else pending.before,
+                msg,
+                notice,
+                ctx,
+                used,
+                pending.result if pending is not None else None,
+                lambda: landed.append(self._land(turn, end)),
+            )
         except Exception:  # nothing settled: the notice carries the lease to a router
             log.exception("could not admit the follow-on turn of %s", rec.trajectory_id)
-            self._ending.notify(msg, notice, used)
-            return None
-        if admitted is None:
-            self._ending.notify(replace(msg, lease=""), notice, used)  # the lease is settled
-            return None
+            end = landed[0] if landed else self._land(turn, end)
+            self._notify(msg, end)
+            return end, None
+        if admitted is None:  # the lease is settled
+            end = landed[0] if landed else self._land(turn, end)
+            self._notify(replace(msg, lease=""), end)
+            return end, None
+        if pending is not None and self.observer.tracer.enabled:
+            self.observer.tracer.committed(pending.result, self.tools.route(rec.agent))
         result, nxt = admitted
-        return _FollowOn(nxt, result.record, ctx, tuple(result.commands))
+        return end, FollowOnTurn(nxt, result.record, ctx, tuple(result.commands))
+
+    def _land(self, turn: Started, end: Ended) -> Ended:
+        """Commit a turn's pending last step the ordinary way (a lost race steps it again on the
+        stored record, which may ask for more: that is carried out too); ``end`` as it was
+        when nothing is pending."""
+        pending = end.pending
+        if pending is None:
+            return end
+        rec, result = self._commit(pending.before, pending.event, turn.ctx, pending.result)
+        if result is None:
+            why = "the kernel refused an outcome (logged)"
+            return Ended(rec, NoticeKind.IDLE, why, end.used_tokens, end.metered)
+        turn.rec, turn.todo = rec, deque(result.commands)
+        tail = self._carry_out(turn)
+        return replace(tail, used_tokens=end.used_tokens, metered=end.metered)
 
     def _commit(
-        self, rec: TrajectoryRecord, event: Event, ctx: KernelContext
+        self,
+        rec: TrajectoryRecord,
+        event: Event,
+        ctx: KernelContext,
+        stepped: StepResult | None = None,
     ) -> tuple[TrajectoryRecord, StepResult | None]:
-        """Step ``event`` and commit it by compare-and-set; on a lost race reload and re-step.
+        """Step ``event`` (``stepped``: already stepped on ``rec``) and commit it by
+        compare-and-set; on a lost race reload and re-step.
 
         Returns the newest record and the step's result, or None when the kernel refused the
         event on the current record (logged; nothing was written).
         """
-        done = advance(self.store, rec, event, ctx, self.observer, self._provider(rec.agent))
+        provider = self._provider(rec.agent)
+        done = advance(self.store, rec, event, ctx, self.observer, provider, stepped=stepped)
         tracer = self.observer.tracer
         if tracer.enabled and done.committed and done.result is not None:
             tracer.committed(done.result, self.tools.route(rec.agent))
@@ -400,25 +434,3 @@ class TurnRunner:
         if found is None:
             found = self._providers[agent] = provider_of(self.tools.route(agent))
         return found
-
-
-def _resumed(held: _FollowOn) -> _Started:
-    """A turn admitted here: the record its admission committed, the admission's commands."""
-    return _Started(held.rec, held.ctx, held.rec.record_version, deque(held.commands))
-
-
-def _ending_of(cmd: Command, rec: TrajectoryRecord) -> tuple[NoticeKind, str] | None:
-    """How ``cmd`` ends the turn, if it is one of the commands that end it."""
-    if isinstance(cmd, Enqueue):
-        return NoticeKind.READY, "ready"
-    if isinstance(cmd, HoldForApproval):
-        log.info("%s held for approval %s", rec.trajectory_id, cmd.approval_id)
-        return NoticeKind.HELD, f"held for approval {cmd.approval_id}"
-    if isinstance(cmd, Finish):
-        return NoticeKind.FINISHED, f"finished: {cmd.stop.value}"
-    return None
-
-
-def _idle(msg: TurnMessage) -> Notice:
-    """The IDLE notice of a turn that changed nothing."""
-    return Notice(NoticeKind.IDLE, msg.tenant, msg.trajectory_id, msg.version, msg.call_id)

@@ -186,6 +186,8 @@ def _phases(
         fasts.append(fast)
     slow = _phase(api, feed, "ops.bench.fleet:slow_agent", 200, probes)
     steps = sum(f["steps"] for f in fasts)
+    noop_ms = sum(noop_cpu[1:]) * 1000 / (noops * rounds)  # workers, Redis, RabbitMQ
+    step_ms = sum(fast_cpu) * 1000 / steps  # the routers' too: they admit and send turns
     return {
         "quick": quick,
         "workers": 2,
@@ -199,6 +201,7 @@ def _phases(
         "steps": steps,
         "cpu_ratio": round(statistics.median(ratios), 3),
         "cpu_ratio_rounds": [round(r, 3) for r in ratios],
+        "cpu_cost_ratio": round(noop_ms / step_ms, 3) if step_ms > 0 else math.nan,
         "latency_concurrent_trajectories": 200,
         "latency_model_s": 1.0,
         "latency_steps_per_s": round(slow["rate"], 1),

@@ -228,6 +228,8 @@ def test_a_repeated_commit_id_applies_once(store: TrajectoryStore) -> None:
         ("version_not_above", "must be above the expected version"),
         ("row_of_other_trajectory", "belongs to trajectory t2"),
         ("row_with_other_version", "carries version 9"),
+        ("row_of_the_stored_version", "carries version 2"),
+        ("rows_going_back_a_version", "carries version 3, the commit writes versions 4 to 4"),
         ("rows_not_consecutive", "not consecutive"),
         ("rows_leave_a_gap", "start at index 5 but the chain holds 1 rows"),
         ("rows_rewrite_history", "start at index 0 but the chain holds 1 rows"),
@@ -245,6 +247,12 @@ def test_a_malformed_commit_changes_nothing(backend: Backend, case: str, message
         "version_not_above": (v2, 2, []),
         "row_of_other_trajectory": (v3, 2, [row_for(make_record("t2"), 1)]),
         "row_with_other_version": (v3, 2, [row_for(next_version(v3, step=6), 1)]),
+        "row_of_the_stored_version": (v3, 2, [row_for(v2, 1)]),
+        "rows_going_back_a_version": (
+            next_version(v3),
+            2,
+            [row_for(next_version(v3), 1), row_for(v3, 2)],
+        ),
         "rows_not_consecutive": (v3, 2, [row_for(v3, 1), row_for(v3, 3)]),
         "rows_leave_a_gap": (v3, 2, [row_for(v3, 5)]),
         "rows_rewrite_history": (v3, 2, [row_for(v3, 0)]),
@@ -255,6 +263,18 @@ def test_a_malformed_commit_changes_nothing(backend: Backend, case: str, message
     assert after == before
     assert store.list("acme", LifecycleState.WAITING_TOOL) == []
     assert store.committed("acme", "t1", 3) is None
+
+
+def test_steps_committed_as_one_keep_their_rows_versions(store: TrajectoryStore) -> None:
+    rec = make_record()
+    store.create(rec)
+    v2 = next_version(rec, LifecycleState.READY)
+    v3 = next_version(v2, LifecycleState.CALLING_MODEL)
+    assert store.compare_and_set(v3, 1, [row_for(v2, 0), row_for(v3, 1)]) == 3
+    assert store.load("acme", "t1") == v3
+    assert [row.record_version for row in store.read("acme", "t1")] == [2, 3]
+    with pytest.raises(ConcurrentModification):
+        store.compare_and_set(next_version(v3, step=2), 2, [row_for(next_version(v3), 2)])
 
 
 def test_the_state_index_follows_every_commit(store: TrajectoryStore) -> None:

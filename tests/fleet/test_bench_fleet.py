@@ -18,6 +18,7 @@ FIGURES = (
     "steps_per_s",
     "celery_noop_per_s",
     "cpu_ratio",
+    "cpu_cost_ratio",
     "latency_efficiency",
     "p99_admission_to_start_ms",
     "worker_cpu_ms_per_step",

@@ -115,7 +115,7 @@ def test_a_pause_that_lands_before_the_follow_on_admission_wins(
     admit = follow_on.admit
     paused: list[int] = []
 
-    def pause_first(*args: Any) -> Any:  # an operator's pause lands between the two commits
+    def pause_first(*args: Any) -> Any:  # an operator's pause lands before the admission
         if not paused:
             fleet.api.control("acme", tid, "pause", "ops")
             paused.append(fleet.load("acme", tid).turn)
@@ -125,7 +125,9 @@ def test_a_pause_that_lands_before_the_follow_on_admission_wins(
     fleet.cycle()
     (msg,) = fleet.take()
     report = fleet.runner.run(msg)
-    assert report.outcome.value == "ready", "the turn ended READY; the next was not admitted"
+    # The turn's last outcome waited to be committed with the admission: it lost to the pause,
+    # and was stepped again and committed on the paused record, which it leaves PAUSED.
+    assert report.outcome.value == "idle", "the next turn was not admitted"
     fleet.run_until_quiet()
     rec = fleet.load("acme", tid)
     assert rec.state is LifecycleState.PAUSED
