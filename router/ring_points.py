@@ -231,9 +231,11 @@ def _relink(
         buckets[:] = [empty_bucket(sentinel)] * size
         return
     empty = empty_bucket(sentinel)
-    if before < end:
+    # Most runs of empty buckets are empty: no list, so no work for the garbage collector,
+    # which would walk the new list of buckets (131,072 entries) for each 700 lists made.
+    if before < end - 1:
         buckets[before + 1 : end] = [empty] * (end - before - 1)
-    else:
+    elif before >= end:
         buckets[before + 1 :] = [empty] * (size - before - 1)
         buckets[:end] = [empty] * end
     last = buckets[before]
