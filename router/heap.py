@@ -2,11 +2,10 @@
 
 glibc serves a large allocation from its own mapping and returns it on free, but each such free
 raises the size below which it uses the shared heap instead (up to 32 MiB), and the shared heap
-keeps what it frees. A ring change allocates new point arrays (8 and 2 bytes a point: 33 and
-8 MB at 1,000 members) and frees the old ones, so after a few changes the router holds the
-ring's memory two or three times over. Fixing the threshold keeps each array in a mapping of
-its own. Measured by ``reins bench ring`` (``rss_mb_at_1000``); design:
-``docs/adr/0190-incremental-ring.md``.
+keeps what it frees. A ring change allocates a new list of buckets (1 MB) and frees the old
+one, and a first build stages its points in flat arrays (8 bytes a point: 33 MB at 1,000
+members). Fixing the threshold keeps each such block in a mapping of its own. Measured by
+``reins bench ring`` (``rss_mb_at_1000``); design: ``docs/adr/0190-incremental-ring.md``.
 """
 
 from __future__ import annotations

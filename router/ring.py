@@ -5,10 +5,10 @@ member's points, so every process computes the same placement. A member of weigh
 ``max(1, round(w * points_per_weight))`` points; adding or removing a member moves only the keys
 it gains or loses. A draining member takes no new placements (its keys go to the next member
 clockwise). A bad change raises a :class:`~kernel.errors.RingError` subclass and leaves the ring
-as it was. A change costs the points it adds or drops plus one copy of the point arrays, not a
-rebuild (:meth:`Ring.evolved`). Lookups may run in many threads; a ring is never changed under
-them (derive a new one and swap the reference). Design: ``docs/adr/0007-ring-and-membership.md``,
-``docs/adr/0190-incremental-ring.md``.
+as it was. A change costs the points it adds or drops and the buckets of the lookup index they
+land in, not a rebuild (:meth:`Ring.evolved`). Lookups may run in many threads; a ring is never
+changed under them (derive a new one and swap the reference). Design:
+``docs/adr/0007-ring-and-membership.md``, ``docs/adr/0190-incremental-ring.md``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ from __future__ import annotations
 import enum
 import json
 import math
-import operator
-from array import array
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import accumulate
+from typing import NamedTuple
 
 from xxhash import xxh64_hexdigest, xxh64_intdigest
 
@@ -33,6 +31,7 @@ from kernel.errors import (
     RingError,
     UnknownMember,
 )
+from router.ring_points import SLOT_BITS, SLOT_MASK, Batch, PointIndex
 
 RING_FORMAT = "reins-ring-v1/xxh64"
 """Names the point layout; part of every fingerprint, so a layout change can never pass unseen."""
@@ -47,12 +46,11 @@ every point; later changes hash only the points they add or drop."""
 MAX_NAME_LENGTH = 200
 _SPACE = 1 << 64
 DEFAULT_INDEX_BITS = 17
-"""Buckets of the lookup index, as a power of two. Each change passes once over the buckets
-(2**16: ~4 ms here, 2**17: ~9, 2**18: ~15); 2**17 leaves most buckets empty at 20 members (a
-lookup there skips the bisect) and ~31 points a bucket at 1,000 (a five-step bisect)."""
+"""Buckets of the lookup index, as a power of two (:mod:`router.ring_points`). 2**17 leaves
+most buckets empty at 20 members and ~31 points a bucket at 1,000 (a five-step bisect); a
+change copies the list of buckets (8 bytes each: ~0.2 ms at 2**17) and the buckets it touches."""
 
-_MAX_MEMBERS = 1 << 16  # a point's owner is a 16-bit slot
-_CHUNK_POINTS = 1 << 18  # a big change is merged in steps of about this many points
+_MAX_MEMBERS = 1 << SLOT_BITS  # a point's owner is a 16-bit slot
 
 
 class MemberState(enum.StrEnum):
@@ -137,16 +135,15 @@ class Ring:
     """A consistent-hash ring of weighted members with drain; see the module docstring."""
 
     __slots__ = (
+        "_buckets",
         "_fingerprint",
-        "_index_bits",
+        "_low_mask",
         "_members",
         "_names",
         "_owner_of",
-        "_positions",
-        "_shift",
+        "_points",
         "_slot_of",
-        "_slots",
-        "_starts",
+        "_width",
         "points_per_weight",
     )
 
@@ -163,15 +160,14 @@ class Ring:
         if index_bits is not None and not 0 <= index_bits <= 24:
             raise RingError(f"index_bits must be in 0..24, got {index_bits}")
         self.points_per_weight = points_per_weight
-        self._index_bits = DEFAULT_INDEX_BITS if index_bits is None else index_bits
-        self._shift = 64 - self._index_bits
         self._members: dict[str, Member] = {}
         self._names: list[str] = []  # slot -> member name ("" for a free slot)
         self._owner_of: list[str | None] = [None]  # slot -> name, None if draining or free
         self._slot_of: dict[str, int] = {}
-        self._positions = array("Q")  # every point's position, ascending (ties: by name)
-        self._slots = array("H", [0])  # each point's member slot, then the wrap entry
-        self._starts = array("I", bytes(4 * ((1 << self._index_bits) + 1)))
+        self._points = PointIndex.empty(DEFAULT_INDEX_BITS if index_bits is None else index_bits)
+        # The index's fields the lookup reads, kept here to save an attribute lookup each.
+        self._buckets, self._width = self._points.buckets, self._points.width
+        self._low_mask = self._points.low_mask
         self._fingerprint = ring_fingerprint((), points_per_weight)
         self._apply(_staged(members))
 
@@ -222,25 +218,23 @@ class Ring:
     def lookup(self, key: str) -> str:
         """The member that takes ``key``; raises EmptyRing when no member may take new work."""
         position = xxh64_intdigest(key.encode())
-        starts = self._starts
-        bucket = position >> self._shift
-        lo, hi = starts[bucket], starts[bucket + 1]
-        index = lo if lo == hi else bisect_left(self._positions, position, lo, hi)
-        owner = self._owner_of[self._slots[index]]
+        bucket = self._buckets[position >> self._width]
+        # Literals rather than SLOT_BITS and SLOT_MASK: this is the hot path.
+        entry = bucket[bisect_left(bucket, (position & self._low_mask) << 16)]
+        owner = self._owner_of[entry & 0xFFFF]
         if owner is None:
-            owner = self._past_draining(index)
+            owner = self._past_draining(position)
         return owner
 
     def lookup_position(self, position: int) -> str:
         """The member that takes a key at ``position`` (0 <= position < 2**64)."""
         if not 0 <= position < _SPACE:
             raise ValueError(f"position {position} is outside 0..2**64-1")
-        starts = self._starts
-        bucket = position >> self._shift
-        index = bisect_left(self._positions, position, starts[bucket], starts[bucket + 1])
-        owner = self._owner_of[self._slots[index]]
+        bucket = self._buckets[position >> self._width]
+        entry = bucket[bisect_left(bucket, (position & self._low_mask) << SLOT_BITS)]
+        owner = self._owner_of[entry & SLOT_MASK]
         if owner is None:
-            owner = self._past_draining(index)
+            owner = self._past_draining(position)
         return owner
 
     def lookup_excluding(self, key: str, exclude: frozenset[str]) -> str:
@@ -252,23 +246,21 @@ class Ring:
         if not exclude:
             return self.lookup(key)
         self._require_eligible()
-        start = bisect_left(self._positions, xxh64_intdigest(key.encode()))
-        count = len(self._positions)
-        owner_of, slots = self._owner_of, self._slots
-        for i in range(start, start + count):
-            owner = owner_of[slots[i % count]]
+        owner_of = self._owner_of
+        for slot in self._points.clockwise(xxh64_intdigest(key.encode())):
+            owner = owner_of[slot]
             if owner is not None and owner not in exclude:
                 return owner
         excluded = ", ".join(sorted(exclude))
         raise EmptyRing(f"every member that may take new work is excluded ({excluded})")
 
-    def _past_draining(self, index: int) -> str:
-        """Slow path: the point at ``index`` is a draining member's; walk clockwise."""
+    def _past_draining(self, position: int) -> str:
+        """Slow path: the point a key at ``position`` lands on is a draining member's; walk
+        clockwise."""
         self._require_eligible()
-        count = len(self._positions)
-        owner_of, slots = self._owner_of, self._slots
-        for i in range(index + 1, index + 1 + count):
-            owner = owner_of[slots[i % count]]
+        owner_of = self._owner_of
+        for slot in self._points.clockwise(position):
+            owner = owner_of[slot]
             if owner is not None:
                 return owner
         raise AssertionError("an eligible member owns no point")  # _require_eligible rules out
@@ -298,7 +290,7 @@ class Ring:
     @property
     def point_count(self) -> int:
         """How many points are on the ring, draining members' included."""
-        return len(self._positions)
+        return self._points.count
 
     def points_of(self, name: str) -> list[int]:
         """Positions of a member's points, in index order (a copy)."""
@@ -308,16 +300,23 @@ class Ring:
     def shares(self) -> dict[str, float]:
         """Each member's exact fraction of the key space for new placements (draining: 0.0)."""
         arcs = dict.fromkeys(self._members, 0)
-        positions, slots, owner_of = self._positions, self._slots, self._owner_of
-        count = len(positions)
-        if any(owner is not None for owner in owner_of):
-            following: str | None = None
-            # Backwards round the circle twice: the first lap finds who follows the last points.
-            for i in range(2 * count - 1, -1, -1):
-                following = owner_of[slots[i % count]] or following
-                if i < count and following is not None:
-                    previous = positions[i - 1] - (_SPACE if i == 0 else 0)
-                    arcs[following] += positions[i] - previous
+        owner_of = self._owner_of
+        first: str | None = None  # the first eligible owner from the first point on
+        start = previous = -1
+        pending = 0  # the arcs since the last eligible point
+        for position, slot in self._points.ring_order():
+            if previous < 0:
+                start = position
+            else:
+                pending += position - previous
+            previous = position
+            owner = owner_of[slot]
+            if owner is not None:
+                first = first or owner
+                arcs[owner] += pending
+                pending = 0
+        if first is not None:  # the arcs past the last eligible point, and the first point's
+            arcs[first] += pending + start + _SPACE - previous
         return {name: arc / _SPACE for name, arc in sorted(arcs.items())}
 
     # --- changing the layout -------------------------------------------------------------------
@@ -338,23 +337,22 @@ class Ring:
 
     def _changes(
         self, members: dict[str, Member]
-    ) -> tuple[list[str], dict[str, int], list[tuple[int, str, int]], list[tuple[str, int, int]]]:
-        """What moving to ``members`` takes: the new slot tables, the points to drop (position,
-        name, slot) and each member's range of new point indices (name, start, stop)."""
+    ) -> tuple[list[str], dict[str, int], list[_PointRange], list[_PointRange]]:
+        """What moving to ``members`` takes: the new slot tables, the points to drop and the
+        points to add."""
         per_weight = self.points_per_weight
         names, slot_of = list(self._names), dict(self._slot_of)
-        dropped: list[tuple[int, str, int]] = []
+        dropped: list[_PointRange] = []
         for name, old in self._members.items():
             had = points_for(old.weight, per_weight)
             keep = points_for(members[name].weight, per_weight) if name in members else 0
             if keep < had:
-                slot = slot_of[name]
-                dropped.extend((p, name, slot) for p in _point_range(name, keep, had))
+                dropped.append(_PointRange(slot_of[name], name, keep, had))
             if name not in members:
                 names[slot_of.pop(name)] = ""
         free = [slot for slot, name in enumerate(names) if not name]
         free.reverse()
-        grown: list[tuple[str, int, int]] = []  # (name, first new point, stop)
+        grown: list[_PointRange] = []
         for name, member in members.items():
             had = points_for(self._members[name].weight, per_weight) if name in slot_of else 0
             wanted = points_for(member.weight, per_weight)
@@ -364,28 +362,21 @@ class Ring:
                     names.append(name)
                 names[slot_of[name]] = name
             if wanted > had:
-                grown.append((name, had, wanted))
+                grown.append(_PointRange(slot_of[name], name, had, wanted))
         return names, slot_of, dropped, grown
 
     def _apply(self, members: dict[str, Member]) -> None:
         """Move this ring to exactly ``members`` (validated) by the points that differ.
 
-        Everything is built in locals from the current arrays (never changed in place, so a
-        ring this one was derived from keeps its own), then assigned at once.
+        The new index is derived from the current one (which is never changed, so a ring this
+        one was derived from keeps its own), then everything is assigned at once.
         """
         if len(members) > _MAX_MEMBERS:
             raise RingError(f"a ring holds at most {_MAX_MEMBERS} members, got {len(members)}")
         names, slot_of, dropped, grown = self._changes(members)
-        positions, slots, starts = self._positions, self._slots, self._starts
-        if dropped:
-            dropped.sort()
-            positions, slots = _cut((positions, slots, starts, self._shift), dropped)
-            starts = _moved_starts(starts, [p for p, _, _ in dropped], self._shift, -1)
-        for chunk in _chunks(grown):
-            added = _sorted_points(chunk, slot_of)
-            positions, slots = _merge((positions, slots, starts, self._shift), names, added)
-            starts = _moved_starts(starts, [p >> 16 for p in added], self._shift, +1)
-        slots[-1] = slots[0] if positions else 0  # a key past the last point wraps to the first
+        points = self._points
+        if dropped or grown:
+            points = points.edited(_hashed(dropped), _hashed(grown), names)
         owner_of: list[str | None] = [None] * max(1, len(names))
         for name, member in members.items():
             if not member.draining:
@@ -395,20 +386,33 @@ class Ring:
             self._names,
             self._slot_of,
             self._owner_of,
-            self._positions,
-            self._slots,
-            self._starts,
+            self._points,
+            self._buckets,
             self._fingerprint,
         ) = (
             dict(sorted(members.items())),
             names,
             slot_of,
             owner_of,
-            positions,
-            slots,
-            starts,
+            points,
+            points.buckets,
             ring_fingerprint(members.values(), self.points_per_weight),
         )
+
+
+class _PointRange(NamedTuple):
+    """Points ``start`` up to ``stop`` of the member in ``slot``."""
+
+    slot: int
+    name: str
+    start: int
+    stop: int
+
+
+def _hashed(ranges: list[_PointRange]) -> Iterator[Batch]:
+    """Each range's slot and positions, hashed one member at a time."""
+    for slot, name, start, stop in ranges:
+        yield slot, _point_range(name, start, stop)
 
 
 def _staged(members: Iterable[Member], known: dict[str, Member] | None = None) -> dict[str, Member]:
@@ -426,103 +430,3 @@ def _staged(members: Iterable[Member], known: dict[str, Member] | None = None) -
         state = MemberState(member.state)
         staged[name] = Member(name, check_weight(name, member.weight), state)
     return staged
-
-
-def _chunks(grown: list[tuple[str, int, int]]) -> Iterable[list[tuple[str, int, int]]]:
-    """Members' new point ranges in groups of about ``_CHUNK_POINTS`` points, so a first build
-    never holds millions of Python ints at once."""
-    chunk: list[tuple[str, int, int]] = []
-    size = 0
-    for entry in grown:
-        chunk.append(entry)
-        size += entry[2] - entry[1]
-        if size >= _CHUNK_POINTS:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-def _sorted_points(chunk: list[tuple[str, int, int]], slot_of: dict[str, int]) -> list[int]:
-    """The chunk's new points in ring order, each packed as ``position << 16 | slot``.
-
-    Sorted as plain ints (much faster than tuples); a tie on a position goes to the smaller
-    name because the slots are packed in name order here and unpacked to real slots after."""
-    order = sorted(name for name, _, _ in chunk)
-    rank = {name: i for i, name in enumerate(order)}
-    packed = sorted(
-        (p << 16) | rank[name] for name, a, b in chunk for p in _point_range(name, a, b)
-    )
-    real = [slot_of[name] for name in order]
-    return [(v & ~0xFFFF) | real[v & 0xFFFF] for v in packed]
-
-
-def _merge(
-    ring: tuple[array[int], array[int], array[int], int],
-    names: list[str],
-    added: list[int],
-) -> tuple[array[int], array[int]]:
-    """The ``(positions, slots, starts, shift)`` ring's points with the sorted ``added`` points
-    (packed as by :func:`_sorted_points`) inserted in ring order: by position, ties by member
-    name. Runs of old points are copied
-    whole into arrays sized once; the Python work is per new point."""
-    positions, slots, starts, shift = ring
-    count = len(positions)
-    out_p, out_s = (
-        array("Q", [0]) * (count + len(added)),
-        array("H", [0]) * (count + len(added) + 1),
-    )
-    raw_p, raw_s = memoryview(positions).cast("B"), memoryview(slots).cast("B")
-    to_p, to_s = memoryview(out_p).cast("B"), memoryview(out_s).cast("B")
-    done = at = 0  # old points copied, points written
-    for packed in added:
-        position, slot = packed >> 16, packed & 0xFFFF
-        bucket = position >> shift
-        lo = starts[bucket]
-        i = bisect_left(positions, position, lo if lo > done else done, starts[bucket + 1])
-        while i < count and positions[i] == position and names[slots[i]] < names[slot]:
-            i += 1
-        run = i - done
-        to_p[8 * at : 8 * (at + run)] = raw_p[8 * done : 8 * i]
-        to_s[2 * at : 2 * (at + run)] = raw_s[2 * done : 2 * i]
-        at, done = at + run, i
-        out_p[at] = position
-        out_s[at] = slot
-        at += 1
-    to_p[8 * at :] = raw_p[8 * done :]
-    to_s[2 * at : -2] = raw_s[2 * done : -2]  # the wrap entry is set by the caller
-    return out_p, out_s
-
-
-def _cut(
-    ring: tuple[array[int], array[int], array[int], int], dropped: list[tuple[int, str, int]]
-) -> tuple[array[int], array[int]]:
-    """The ``(positions, slots, starts, shift)`` ring's points without the ``dropped`` ones
-    (sorted in ring order)."""
-    positions, slots, starts, shift = ring
-    count = len(positions) - len(dropped)
-    out_p, out_s = array("Q", [0]) * count, array("H", [0]) * (count + 1)
-    raw_p, raw_s = memoryview(positions).cast("B"), memoryview(slots).cast("B")
-    to_p, to_s = memoryview(out_p).cast("B"), memoryview(out_s).cast("B")
-    done = at = 0
-    for position, _, slot in dropped:
-        bucket = position >> shift
-        i = bisect_left(positions, position, max(done, starts[bucket]), starts[bucket + 1])
-        while slots[i] != slot:  # a tie on the position: the point is further on
-            i += 1
-        run = i - done
-        to_p[8 * at : 8 * (at + run)] = raw_p[8 * done : 8 * i]
-        to_s[2 * at : 2 * (at + run)] = raw_s[2 * done : 2 * i]
-        at, done = at + run, i + 1
-    to_p[8 * at :] = raw_p[8 * done :]
-    to_s[2 * at : -2] = raw_s[2 * done : -2]  # the wrap entry is set by the caller
-    return out_p, out_s
-
-
-def _moved_starts(starts: array[int], changed: list[int], shift: int, sign: int) -> array[int]:
-    """The bucket index after adding (``sign`` +1) or dropping (-1) points at ``changed``:
-    ``starts[b]`` is the index of the first point in bucket ``b`` or after it."""
-    delta = [0] * len(starts)
-    for position in changed:
-        delta[(position >> shift) + 1] += sign
-    return array("I", map(operator.add, starts, accumulate(delta)))

@@ -262,3 +262,29 @@ def _owner_or_none(ring: Ring, position: int) -> str | None:
         return ring.lookup_position(position)
     except EmptyRing:
         return None
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    points_per_weight, index_bits, st.lists(st.tuples(st.booleans(), names, weights), max_size=12)
+)
+def test_a_ring_evolved_through_joins_and_leaves_is_the_ring_built_from_scratch(
+    per_weight: int, bits: int | None, steps: list[tuple[bool, str, float]]
+) -> None:
+    """Each version shares the buckets it did not touch with the one before: a long lineage
+    places every key where a fresh build of its last membership does, and never changes an
+    earlier version."""
+    lineage = [Ring(points_per_weight=per_weight, index_bits=bits)]
+    for joining, name, weight in steps:
+        members = {m.name: m for m in lineage[-1].members}
+        if joining:
+            members[name] = Member(name, weight)
+        elif members:
+            members.pop(sorted(members)[len(name) % len(members)])
+        lineage.append(lineage[-1].evolved(members.values()))
+    for version in lineage:
+        fresh = Ring(version.members, points_per_weight=per_weight, index_bits=bits)
+        assert version.point_count == fresh.point_count
+        assert version.shares() == fresh.shares()
+        for position in probe_positions(fresh, []):
+            assert _owner_or_none(version, position) == _owner_or_none(fresh, position)
