@@ -103,37 +103,42 @@ def new_state(credit_cap: int, quanta: Sequence[tuple[int, Sequence[int]]]) -> D
     )
 
 
+class _Column:
+    """A view's attribute: entry ``view._at`` of the state's list of the same name (or of
+    ``field``), read when asked."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: str = "") -> None:
+        self.field = field
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = self.field or name
+
+    def __get__(self, view: LaneView | ClassView, owner: type | None = None) -> int:
+        column: list[int] = getattr(view._state, self.field)
+        return column[view._at]
+
+
 class LaneView:
     """One lane of a :class:`DrrState`, read through attributes; nothing is copied or kept."""
 
-    __slots__ = ("_index", "_state")
+    __slots__ = ("_at", "_state")
+    quantum = _Column()
+    credit = _Column()
+    queued = _Column()
+    listed = _Column()
 
     def __init__(self, state: DrrState, index: int) -> None:
-        self._state, self._index = state, index
-
-    @property
-    def quantum(self) -> int:
-        return self._state.quantum[self._index]
-
-    @property
-    def credit(self) -> int:
-        return self._state.credit[self._index]
-
-    @property
-    def queued(self) -> int:
-        return self._state.queued[self._index]
-
-    @property
-    def listed(self) -> int:
-        return self._state.listed[self._index]
+        self._state, self._at = state, index
 
     @property
     def class_active(self) -> Sequence[int]:
-        return self._state.class_active[self._index] or ()
+        return self._state.class_active[self._at] or ()
 
     @property
     def classes(self) -> list[ClassView]:
-        state, i = self._state, self._index
+        state, i = self._state, self._at
         end = state.first[i + 1] if i + 1 < len(state.first) else len(state.head)
         return [ClassView(state, slot) for slot in range(state.first[i], end)]
 
@@ -141,24 +146,18 @@ class LaneView:
 class ClassView:
     """One class (slot) of a :class:`DrrState`: its quantum, credit and queue, read live."""
 
-    __slots__ = ("_slot", "_state")
+    __slots__ = ("_at", "_state")
+    quantum = _Column("class_quantum")
+    credit = _Column("class_credit")
 
     def __init__(self, state: DrrState, slot: int) -> None:
-        self._state, self._slot = state, slot
-
-    @property
-    def quantum(self) -> int:
-        return self._state.class_quantum[self._slot]
-
-    @property
-    def credit(self) -> int:
-        return self._state.class_credit[self._slot]
+        self._state, self._at = state, slot
 
     @property
     def queue(self) -> list[ReadyCall]:
         """The class's calls in queue order (a copy)."""
         calls = []
-        call = self._state.head[self._slot]
+        call = self._state.head[self._at]
         while call is not None:
             calls.append(call)
             call = call.behind
