@@ -229,6 +229,13 @@ class RedisAdmitter(AdmissionQueue):
         for :meth:`confirm_many`'s answer (a server that lost the script: confirmed again)."""
         return self._ends.confirm_on(pipeline, claim)
 
+    def confirm_committed(
+        self, claim: Claim, mark: tuple[str, str, str], figures: tuple[str, str, int]
+    ) -> tuple[tuple[Any, ...], Callable[[Any], tuple[bool, float | None]]]:
+        """A confirmation of ``claim`` guarded by its admission's commit, to send behind that
+        compare-and-set on one node, and its reply's reader (``ClaimEnds.confirm_committed``)."""
+        return self._ends.confirm_committed(claim, mark, figures)
+
     def decline(self, nomination: Nomination) -> None:
         """End a claim as refused: the call is READY at its queue head again, its debit released."""
         self._ends.decline(nomination)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from kernel.errors import ClaimLapsed, StaleNomination, StoreError
 from router.claims import Claim
@@ -30,6 +30,7 @@ class ClaimEnds:
         self._state = state
         self._record = record
         self._confirm = state.script("confirm.lua")
+        self._committed = state.script("confirm.lua", "committed.lua")
         self._resolve = state.script("queue.lua", "gates.lua", "resolve.lua")
 
     def confirm(self, nomination: Nomination) -> float:
@@ -69,6 +70,29 @@ class ClaimEnds:
                 raise StoreError(f"confirm.lua: {exc}") from exc
 
         return finish
+
+    def confirm_committed(
+        self, claim: Claim, mark: tuple[str, str, str], figures: tuple[str, str, int]
+    ) -> tuple[tuple[Any, ...], Callable[[Any], tuple[bool, float | None]]]:
+        """The command that confirms ``claim`` only if its admission committed (``mark``: the
+        snapshot key, commit field and commit id that say so) and then records ``figures``
+        (the admissions list, the entry, the list's cap), for a round trip on one node behind
+        that compare-and-set (``lua/committed.lua``); and the function that reads its reply:
+        (True, :meth:`confirm_many`'s answer) once it ran, (False, None) when it did not (the
+        admission had not committed, or the reply is an error): the claim is then as it was."""
+        state = self._state
+        snap_key, field, commit_id = mark
+        keys = (*state.keys, snap_key, figures[0])
+        args = (state.now(), field, commit_id, figures[1], figures[2], claim.claim_id)
+
+        def finish(reply: Any) -> tuple[bool, float | None]:
+            if isinstance(reply, NoScriptError):  # a restarted server: load it, run it again
+                reply = self._committed(keys, args, retry=False)
+            if isinstance(reply, Exception) or int(reply[1]) < 0:
+                return False, None
+            return True, self._confirmed([claim], reply)[0]
+
+        return ("EVALSHA", self._committed.sha, len(keys), *keys, *args), finish
 
     def decline(self, nomination: Nomination) -> None:
         """End a claim as refused: the call is READY at its queue head again, its debit released."""

@@ -1,25 +1,6 @@
 """The Redis backend: the fleet's store (redis-py with hiredis), on one Redis node, a
 Sentinel-managed one, or a Redis Cluster.
 
-``{P:T:I}:snap``            hash   ``v`` (version), ``s`` (state code, :data:`STATE_CODES`),
-                                   ``data`` (the record's JSON), and ``c<version>`` -> commit
-                                   id for every committed version
-``{P:T:I}:chain``           list   execution chain rows (JSON); element n is chain index n
-``{P:T}:index``             zset   each trajectory's snapshot key, scored by its state code;
-                                   a state is one score range
-``{P:T}:owing``             zset   ids of the tenant's ended runs that still owe a settlement
-                                   (score 0, so read in id order)
-``{P:T:K}:idem``            string the idempotency ledger's stored result (JSON)
-==========================  =====  ============================================================
-
-A retire (:meth:`RedisStore.retire`) is ``lua/retire.lua`` on the trajectory's two keys, then
-``lua/unindex.lua`` on its index key: two calls, never one script over two tags.
-
-A commit is one ``EVALSHA`` of ``lua/cas.lua`` over four keys in two slots, so it needs one
-node (standalone or Sentinel), not Cluster. Transient errors are retried; a commit whose reply
-was lost is resolved by reading its commit id back, and one still unresolved raises
-:class:`StoreUnavailable` naming its commit id. Design: ``docs/adr/0014-redis-store.md``.
-=======
 The key layout is :mod:`store.redis_keys`: a trajectory's snapshot and chain and its bucket of
 the tenant's index and owing set share one hash tag, so a commit is one ``EVALSHA`` of
 ``lua/cas.lua`` over four keys of one slot. Listings merge the tenant's buckets. Transient
@@ -209,7 +190,13 @@ class RedisStore(TrajectoryStore):
 
     # --- snapshots -------------------------------------------------------------------------
 
-    def apply(self, commit: Commit, before: Sequence[tuple[Any, ...]] = ()) -> int:
+    def apply(
+        self,
+        commit: Commit,
+        before: Sequence[tuple[Any, ...]] = (),
+        after: Sequence[tuple[Any, ...]] = (),
+        replies: list[Any] | None = None,
+    ) -> int:
         """One EVALSHA of cas.lua; a lost reply is resolved by commit id (module docstring).
 
         ``before``: commands the server runs first (idempotent ones: they are sent again with
@@ -218,7 +205,11 @@ class RedisStore(TrajectoryStore):
         one node they share the commit's round trip (an error reply of one is raised, though
         the commit after it ran); on a cluster their keys are in other slots, so each is sent,
         and answered, before the commit is (an error reply of one is raised, and no commit is
-        sent)."""
+        sent). ``after``: on one node, commands sent in the same round trip behind the commit,
+        which the server runs whatever the commit's outcome; their replies (an error reply in
+        its place) go to ``replies``, also when the commit lost. On a cluster, or once the round
+        trip failed, they are not sent (again) and ``replies`` stays empty: the caller sends
+        them itself if they are still wanted."""
         if not self._layout_checked:
             self.check_layout()
         snap_key, chain_key, index_key, owing_key = commit_keys(
@@ -241,8 +232,10 @@ class RedisStore(TrajectoryStore):
         if commit.rows:
             call = (*call, commit.first_row, *commit.rows)
         try:
-            reply = self._run_cas(call, before)
+            reply = self._run_cas(call, before, after, replies)
         except TRANSIENT:
+            if replies:  # the replies of a round trip whose end was lost: none is known
+                replies.clear()
             what = (
                 f"trajectory {commit.trajectory_id}: commit {commit.commit_id} "
                 f"(version {commit.version}) has an unknown outcome"
@@ -256,25 +249,39 @@ class RedisStore(TrajectoryStore):
             return commit.version
         return settle(commit, Outcome(reply[0]), reply[1])
 
+    def commit_mark(self, commit: Commit) -> tuple[str, str, str]:
+        """Where a script behind ``commit`` finds that it applied: the snapshot key, the field
+        of its version and the commit id that field holds once it did (cas.lua)."""
+        snap_key = commit_keys(self.prefix, commit.tenant, commit.trajectory_id)[0]
+        return snap_key, f"c{commit.version}", commit.commit_id
+
     def _run_cas(
-        self, call: Sequence[bytes | str | int], before: Sequence[tuple[Any, ...]] = ()
+        self,
+        call: Sequence[bytes | str | int],
+        before: Sequence[tuple[Any, ...]] = (),
+        after: Sequence[tuple[Any, ...]] = (),
+        replies: list[Any] | None = None,
     ) -> list[int]:
-        """EVALSHA cas.lua with 4 keys (after ``before``, in one round trip on one node),
-        loading the script once more if the server lost it."""
-        if before and self._cluster:  # other slots: each in place before the commit is sent
+        """EVALSHA cas.lua with 4 keys (between ``before`` and ``after``, in one round trip on
+        one node), loading the script once more if the server lost it."""
+        if self._cluster:  # other slots: each in place before the commit is sent
             for command in before:
                 self._execute(*command)
-            before = ()
-        if before:
+            before = after = ()
+        if before or after:
             batch = direct_batch(self._client)
             for command in before:
                 batch.execute_command(*command)
             batch.execute_command("EVALSHA", self._cas_sha, 4, *call)
-            replies = batch.execute(raise_on_error=False)
-            for reply_ in replies[:-1]:
+            for command in after:
+                batch.execute_command(*command)
+            got = batch.execute(raise_on_error=False)
+            if replies is not None:
+                replies.extend(got[len(before) + 1 :])
+            for reply_ in got[: len(before)]:
                 if isinstance(reply_, Exception):
                     raise reply_
-            return cast(list[int], script_reply(replies[-1], lambda: self._run_cas(call)))
+            return cast(list[int], script_reply(got[len(before)], lambda: self._run_cas(call)))
         try:
             reply: list[int] = self._execute("EVALSHA", self._cas_sha, 4, *call)
         except NoScriptError:

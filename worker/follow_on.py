@@ -3,8 +3,9 @@ when the shared admitter would let that call overtake nobody.
 
 :meth:`FollowOn.admit` settles the ended turn's gate lease and claims the call in one script run in
 the shared admitter, steps ``Admit`` on the record in hand, records its custody of the turn and
-commits the admission by compare-and-set in one round trip, then confirms the claim; the caller runs
-the turn with the committed record. When the admitter or the store says no, the call stays READY at
+commits the admission by compare-and-set in one round trip, the claim's confirmation behind it
+(run by the server only if that commit applied); the caller runs the turn with the committed
+record. When the admitter or the store says no, the call stays READY at
 its queue head for a router. Only messages with a ``follow_on`` allowance are continued here, never
 on a draining worker, and not past half the visibility timeout. See
 docs/adr/0041-follow-on-turns.md.
@@ -12,10 +13,12 @@ docs/adr/0041-follow-on-turns.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -29,18 +32,29 @@ from kernel.step import step
 from router.claims import Claim
 from router.commits import commit
 from router.custody import Custody
-from router.feed import Feed, Notice, admission_entry
+from router.feed import STATS_CAP, Feed, Notice, admission_entry
 from router.observe import AdmissionObserver
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
 from router.turn_message import TurnMessage, worker_commands
-from store.base import prepare_commit
+from store.base import Commit, prepare_commit
 from store.redis_client import direct_batch
 from store.redis_store import RedisStore
 
 log = logging.getLogger("reins.worker.follow_on")
 REDEBIT_WAIT_S = (0.05, 1.0)  # first and longest wait between debits of a lapsed claim
+
+
+@dataclass(slots=True)
+class _Behind:
+    """A follow-on claim to confirm behind its admission's compare-and-set: the claim, its
+    figures entry, and once sent the reader of the confirmation's reply and that reply."""
+
+    claim: Claim
+    entry: dict[str, Any]
+    finish: Callable[[Any], tuple[bool, float | None]] = lambda reply: (False, None)
+    replies: list[Any] = field(default_factory=list)
 
 
 class FollowOn:
@@ -159,7 +173,8 @@ class FollowOn:
         # In custody before it commits, in the same round trip, so the reconciler finds the turn
         # if this worker dies from then on.
         custody = self.custody.commands(self.worker, nxt) if commands else []
-        why = self._commit_admission(rec, result, ctx, custody, pending)
+        behind = _Behind(claim, self._entry(claim, now)) if commands else None
+        why = self._commit_admission(rec, result, ctx, custody, pending, behind)
         if why:  # a router takes it from its queue head and decides afresh
             log.info("declined a follow-on turn of %s: %s", rec.trajectory_id, why)
             if custody and result.record is not ready_rec:
@@ -173,7 +188,15 @@ class FollowOn:
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
             self.custody.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
-        self._confirm_claim(claim, now)
+        assert behind is not None  # commands were issued: the confirmation went behind them
+        ran, wait = False, None
+        if behind.replies:
+            with self._lock:  # the admitter's fairness book of this process
+                ran, wait = behind.finish(behind.replies[0])
+        if ran:
+            self._admitted(claim, wait)
+        else:  # on a cluster, after a lost round trip, or a reply in error: on its own
+            self._confirm_claim(claim, now)
         self._count(admitted=1)
         return result, nxt
 
@@ -184,10 +207,12 @@ class FollowOn:
         ctx: KernelContext,
         custody: list[tuple[str, ...]],
         pending: StepResult | None,
+        behind: _Behind | None = None,
     ) -> str:
         """Commit the admission ``result`` (after ``pending``, when given) by compare-and-set
-        over ``rec``, its ``custody`` entry written first in the same round trip; "" once
-        committed, else why it was not."""
+        over ``rec``, its ``custody`` entry written first in the same round trip and the
+        confirmation of ``behind``'s claim sent after it, guarded by that commit (on one node:
+        its reply in ``behind.replies``); "" once committed, else why it was not."""
         ready = rec if pending is None else pending.record
         if result.record is ready:
             return f"the kernel did not admit it ({result.note})"
@@ -201,7 +226,7 @@ class FollowOn:
                 result,
                 self.observer,
                 provider,
-                cas=lambda: self.store.apply(prepared, before=custody),
+                cas=lambda: self.store.apply(prepared, custody, *self._behind(behind, prepared)),
             )
         except (ConcurrentModification, ReinsError) as exc:
             return str(exc)
@@ -209,9 +234,23 @@ class FollowOn:
             self.observer.on_step_result(rec, pending, provider)
         return ""
 
+    def _behind(
+        self, behind: _Behind | None, prepared: Commit
+    ) -> tuple[list[tuple[Any, ...]], list[Any] | None]:
+        """``apply``'s ``after`` and ``replies`` for ``behind``: its claim's confirmation,
+        which runs only if ``prepared`` committed, and the list its reply goes to."""
+        if behind is None:
+            return [], None
+        figures = (self.feed.admissions_key, json.dumps(behind.entry), STATS_CAP)
+        command, behind.finish = self.admitter.confirm_committed(
+            behind.claim, self.store.commit_mark(prepared), figures
+        )
+        behind.replies.clear()
+        return [command], behind.replies
+
     def _confirm_claim(self, claim: Claim, now: float) -> None:
-        """Commit the claim and record the admission for the figures, in one round trip; a
-        claim reaped meanwhile is debited again before its call may be sent."""
+        """Commit the claim and record the admission for the figures, in a round trip of
+        their own."""
         pipe = direct_batch(self.client)
         confirmed = self.admitter.confirm_on(pipe, claim)
         self.feed.record_admissions([self._entry(claim, now)], pipeline=pipe)
@@ -221,7 +260,12 @@ class FollowOn:
                 raise reply
         with self._lock:
             wait = confirmed(replies[0])
-        if wait is None:  # reaped meanwhile (past its deadline): debit again before sending
+        self._admitted(claim, wait)
+
+    def _admitted(self, claim: Claim, wait: float | None) -> None:
+        """A confirmation's answer: a claim reaped meanwhile (past its deadline, ``wait`` None)
+        is debited again before its call may be sent."""
+        if wait is None:
             self._debit_again(claim)
             wait = 0.0
         self.observer.on_admission(claim.call, wait)

@@ -205,14 +205,14 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
     )
     follow_on.admitter = admitter
     reaped: list[Any] = []
-    commit_on = admitter.confirm_on
+    guarded = admitter.confirm_committed
 
-    def reaped_first(pipe: Any, claim: Any) -> Any:  # the claim outlives its deadline first
+    def reaped_first(claim: Any, *args: Any) -> Any:  # the claim outlives its deadline first
         clock.advance(3600)
         reaped.append(admitter.reconcile(store_readiness(fleet.store)))
-        return commit_on(pipe, claim)
+        return guarded(claim, *args)
 
-    admitter.confirm_on = reaped_first  # type: ignore[method-assign]
+    admitter.confirm_committed = reaped_first  # type: ignore[method-assign]
     debits: list[str] = []
     debit = gates.debit
 

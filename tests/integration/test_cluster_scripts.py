@@ -41,6 +41,9 @@ from tests.support import ManualClock, wait_for
 pytestmark = pytest.mark.redis
 LUA = Path(redis_gates.__file__).parent / "lua"
 RAN: set[str] = set()  # the scripts run on the cluster by the tests of this module
+#: Scripts a cluster never runs: committed.lua goes only behind a commit on one node (its keys,
+#: the snapshot's and the admitter's, are in two slots); on a cluster confirm.lua runs instead.
+ONE_NODE = {"committed.lua"}
 
 
 def lua_mains() -> set[str]:
@@ -251,5 +254,5 @@ def test_api_keys_are_created_and_revoked_on_the_cluster(
 
 
 def test_every_router_script_ran_on_the_cluster() -> None:
-    missing = main_scripts() - RAN
+    missing = main_scripts() - RAN - ONE_NODE
     assert not missing, f"scripts never run on the cluster by this module: {sorted(missing)}"

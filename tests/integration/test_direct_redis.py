@@ -1,15 +1,23 @@
-"""The direct Redis paths (``store.redis_client``) against the real server: what they write
-is what redis-py writes, and a forked child never talks on its parent's pinned socket."""
+"""The direct Redis paths against the real server: what they write is what redis-py writes,
+a forked child never talks on its parent's pinned socket, and commands sent behind a commit
+(``RedisStore.apply``'s ``after``) run and answer whatever the commit found."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import redis
+from redis.exceptions import ResponseError
 
-from store.redis_client import direct_batch, direct_command
+from kernel.errors import ConcurrentModification
+from kernel.states import LifecycleState
+from store.base import prepare_commit
+from store.redis_client import client_from_url, direct_batch, direct_command
+from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
+from tests.contract.advance_worker import make_record, next_version, row_for
 
 pytestmark = pytest.mark.redis
 
@@ -51,3 +59,23 @@ def test_a_forked_child_takes_a_connection_of_its_own() -> None:
     assert child not in (0, parent), "the child asked on a socket of its own"
     assert int(execute("CLIENT", "ID")) == parent, "the parent's pinned connection is intact"
     client.close()
+
+
+def test_commands_after_a_commit_share_its_round_trip_and_run_whatever_it_found(
+    key_prefix: str,
+) -> None:
+    store = RedisStore(client_from_url(REDIS_URL), prefix=key_prefix)
+    rec = make_record()
+    store.create(rec)
+    v2 = next_version(rec, LifecycleState.CALLING_MODEL)
+    after = [("INCR", f"{key_prefix}:after"), ("HSET", f"{key_prefix}:after", "f", "v")]
+    replies: list[Any] = []
+    assert store.apply(prepare_commit(v2, 1, [row_for(v2, 0)]), after=after, replies=replies) == 2
+    assert replies[0] == 1 and isinstance(replies[1], ResponseError), "in order, errors in place"
+    replies.clear()
+    lost = next_version(v2)
+    with pytest.raises(ConcurrentModification):
+        store.apply(prepare_commit(lost, 1, [row_for(lost, 1)]), after=after[:1], replies=replies)
+    assert replies == [2], "sent behind the commit that lost, and answered"
+    assert store.load("acme", "t1") == v2
+    store.close()

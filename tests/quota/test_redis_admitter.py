@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -277,6 +278,39 @@ def test_a_confirmed_claim_keeps_its_debit_through_reconciliation(
     assert admitter.reconcile(store_readiness(store)) == admitter.reconcile(store_readiness(store))
     reading = admitter.gates.reading(OPENAI)
     assert (reading.requests, reading.tokens, reading.leases) == (1, 2_500, 1)
+
+
+def test_a_confirmation_guarded_by_a_commit_runs_only_if_that_commit_applied(
+    make: Make, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    admitter = make()
+    admitter.submit("acme", "t1", input_tokens=2_000, output_allowance=500, route=OPENAI)
+    claim = claimed(admitter)
+    snap, admissions = f"{key_prefix}:guard:snap", f"{key_prefix}:guard:admissions"
+    redis_client.rpush(admissions, "e0", "e1")
+    mark, figures = (snap, "c2", "commit-a"), (admissions, '{"t": "acme"}', 2)
+    command, finish = admitter.confirm_committed(claim, mark, figures)
+
+    def send() -> Any:  # as behind a commit: in a batch, an error reply in its place
+        batch = redis_client.pipeline(transaction=False)
+        batch.execute_command(*command)
+        return batch.execute(raise_on_error=False)[0]
+
+    before = admitter.admitted()
+    redis_client.hset(snap, "c2", "commit-b")  # another writer's commit won that version
+    redis_client.script_flush()  # the first is answered NOSCRIPT: loaded and run again
+    assert finish(send()) == (False, None)
+    assert admitter.admitted() == before, "nothing counted for an admission that lost"
+    assert redis_client.lrange(admissions, 0, -1) == [b"e0", b"e1"]
+    assert redis_client.hget(f"{{{key_prefix}:adm}}:claims", claim.claim_id) is not None
+    redis_client.hset(snap, "c2", "commit-a")  # this admission's commit applied
+    ran, wait = finish(send())
+    assert ran and wait is not None and wait >= 0
+    assert admitter.admitted() != before, "the admission counted once its commit applied"
+    assert redis_client.lrange(admissions, 0, -1) == [b"e1", b'{"t": "acme"}'], "capped at 2"
+    with pytest.raises(StaleNomination):
+        admitter.decline(claim)  # confirmed: no longer pending
+    assert finish(send()) == (True, None), "a repeat: lapsed"
 
 
 def test_in_memory_admitter_with_memory_gates_keeps_gated_calls_ready(clock: ManualClock) -> None:
