@@ -27,7 +27,8 @@ from celery.utils.nodenames import anon_nodename
 from kernel.errors import InvalidInput, ReinsError
 from kernel.settings import Settings
 from router.ring import check_name
-from store.redis_client import direct_batch, retry_transient
+from store.redis_client import retry_transient
+from store.redis_direct import direct_batch
 
 TURN_TASK = "reins.turn"
 NOOP_TASK = "reins.noop"

@@ -31,7 +31,8 @@ from kernel.record import OpKind, TrajectoryRecord
 from kernel.states import ACTING
 from router.keyspace import fleet_tag
 from router.turn_message import TurnMessage
-from store.redis_client import Batch, direct_batch, retry_transient, script_reply, text
+from store.redis_client import Batch, retry_transient, script_reply, text
+from store.redis_direct import direct_batch
 
 log = logging.getLogger("reins.router.custody")
 RECOVERIES_CAP = 100_000

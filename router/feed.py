@@ -63,7 +63,8 @@ from router.streams import (
 from router.turn_message import (  # the worker's half of the wire, named here as before
     HandBack,
 )
-from store.redis_client import Batch, direct_batch
+from store.redis_client import Batch
+from store.redis_direct import direct_batch
 
 log = logging.getLogger("reins.router.feed")
 _V = TypeVar("_V")

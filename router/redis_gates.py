@@ -19,7 +19,8 @@ from redis.exceptions import NoScriptError, RedisError
 
 from kernel.errors import ConfigError, StoreError, StoreUnavailable
 from router.gates import Clock, Feedback, GateConfig, GateReading, ProviderGates
-from store.redis_client import TRANSIENT, direct_command, retry_transient, text
+from store.redis_client import TRANSIENT, retry_transient, text
+from store.redis_direct import direct_command
 
 _LUA = Path(__file__).parent / "lua"
 _T = TypeVar("_T")

@@ -17,7 +17,7 @@ acknowledged. A :class:`GroupReader` is one router's reader of one stream:
   its batch goes on.
 
 Acting on an entry twice must be harmless: delivery is at least once. Replies are RESP2, raw
-(:class:`store.redis_client.DirectBatch`) or as redis-py parses them (its pipeline). Design:
+(:class:`store.redis_direct.DirectBatch`) or as redis-py parses them (its pipeline). Design:
 ``docs/adr/0045-durable-feed.md``.
 """
 
@@ -32,7 +32,8 @@ import redis
 from redis.exceptions import RedisError, ResponseError
 
 from kernel.errors import ConfigError, InvalidInput, StoreError, StoreUnavailable
-from store.redis_client import TRANSIENT, Batch, direct_batch, text
+from store.redis_client import TRANSIENT, Batch, text
+from store.redis_direct import direct_batch
 
 log = logging.getLogger("reins.router.streams")
 _T = TypeVar("_T")

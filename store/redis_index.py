@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from store.redis_client import direct_batch
+from store.redis_direct import direct_batch
 from store.redis_keys import INDEX_BUCKETS, bucket_of
 
 

@@ -53,13 +53,12 @@ from store.base import (
 from store.redis_client import (
     TRANSIENT,
     client_for,
-    direct_batch,
-    direct_command,
     is_cluster,
     retry_transient,
     script_reply,
     text,
 )
+from store.redis_direct import direct_batch, direct_command
 from store.redis_index import IndexPager
 from store.redis_keys import (
     COMMITS_KEPT,

@@ -39,7 +39,7 @@ from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
 from router.turn_message import TurnMessage, worker_commands
 from store.base import Commit, prepare_commit
-from store.redis_client import direct_batch
+from store.redis_direct import direct_batch
 from store.redis_store import RedisStore
 
 log = logging.getLogger("reins.worker.follow_on")

@@ -14,7 +14,8 @@ from redis.exceptions import ResponseError
 from kernel.errors import ConcurrentModification
 from kernel.states import LifecycleState
 from store.base import prepare_commit
-from store.redis_client import client_from_url, direct_batch, direct_command
+from store.redis_client import client_from_url
+from store.redis_direct import direct_batch, direct_command
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.contract.advance_worker import make_record, next_version, row_for
@@ -79,3 +80,19 @@ def test_commands_after_a_commit_share_its_round_trip_and_run_whatever_it_found(
     assert replies == [2], "sent behind the commit that lost, and answered"
     assert store.load("acme", "t1") == v2
     store.close()
+
+
+def test_a_new_connection_names_its_library_without_looking_its_version_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("redis.driver_info")  # older redis-py versions look nothing up
+    client = client_from_url(REDIS_URL)  # its driver metadata was resolved at import
+
+    def looked_up() -> str:
+        raise AssertionError("redis-py looked its version up for a connection")
+
+    monkeypatch.setattr(redis.utils, "get_lib_version", looked_up)
+    assert direct_command(client)("PING") in (b"PONG", "PONG", True), "a new connection works"
+    driver = client.connection_pool.connection_kwargs["driver_info"]
+    assert (driver.name, driver.lib_version) == ("redis-py", redis.__version__), "still named"
+    client.close()

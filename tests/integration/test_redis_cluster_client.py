@@ -14,13 +14,8 @@ from kernel.errors import ConfigError
 from kernel.memory import MemoryItem, MemoryKind, Scope, Visibility
 from kernel.settings import Settings
 from store.memory_redis import RedisMemory
-from store.redis_client import (
-    client_for,
-    client_from_url,
-    direct_batch,
-    direct_command,
-    is_cluster,
-)
+from store.redis_client import client_for, client_from_url, is_cluster
+from store.redis_direct import direct_batch, direct_command
 from store.redis_store import RedisStore
 from tests.contract.advance_worker import make_record, next_version
 

@@ -25,7 +25,8 @@ from redis.retry import Retry
 from kernel.errors import ConcurrentModification, ReinsError, StoreUnavailable
 from kernel.states import LifecycleState
 from store.base import prepare_commit
-from store.redis_client import DirectBatch, client_from_url, direct_batch, direct_command
+from store.redis_client import client_from_url
+from store.redis_direct import DirectBatch, direct_batch, direct_command
 from store.redis_keys import COMMITS_KEPT, INDEX_BUCKETS, bucket_of
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
