@@ -107,8 +107,8 @@ def text(value: object) -> str:
 
 class Batch(Protocol):
     """Commands queued and sent together, their replies read in order: redis-py's pipeline
-    (no transaction) or a :class:`~store.redis_direct.DirectBatch`. Writers that take ``pipeline=`` queue their
-    commands on it; the caller executes it."""
+    (no transaction) or a :class:`~store.redis_direct.DirectBatch`. Writers that take
+    ``pipeline=`` queue their commands on it; the caller executes it."""
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         """Queue one command."""
