@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError
 
-from kernel.errors import ClaimLapsed, StaleNomination, StoreError
+from kernel.errors import ClaimLapsed, ReinsError, StaleNomination, StoreError
 from router.claims import Claim
 from router.drr import Nomination
 from router.redis_state import AdmitterState
@@ -87,7 +87,10 @@ class ClaimEnds:
 
         def finish(reply: Any) -> tuple[bool, float | None]:
             if isinstance(reply, NoScriptError):  # a restarted server: load it, run it again
-                reply = self._committed(keys, args, retry=False)
+                try:
+                    reply = self._committed(keys, args, retry=False)
+                except ReinsError as exc:  # its outcome unknown: the caller confirms on its own
+                    reply = exc
             if isinstance(reply, Exception) or int(reply[1]) < 0:
                 return False, None
             return True, self._confirmed([claim], reply)[0]

@@ -5,10 +5,9 @@ when the shared admitter would let that call overtake nobody.
 the shared admitter, steps ``Admit`` on the record in hand, records its custody of the turn and
 commits the admission by compare-and-set in one round trip, the claim's confirmation behind it
 (run by the server only if that commit applied); the caller runs the turn with the committed
-record. When the admitter or the store says no, the call stays READY at
-its queue head for a router. Only messages with a ``follow_on`` allowance are continued here, never
-on a draining worker, and not past half the visibility timeout. See
-docs/adr/0041-follow-on-turns.md.
+record. When the admitter or the store says no, the call stays READY at its queue head for a
+router. Only messages with a ``follow_on`` allowance are continued here, never on a draining
+worker, and not past half the visibility timeout. See docs/adr/0041-follow-on-turns.md.
 """
 
 from __future__ import annotations
@@ -188,9 +187,8 @@ class FollowOn:
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
             self.custody.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
-        assert behind is not None  # commands were issued: the confirmation went behind them
         ran, wait = False, None
-        if behind.replies:
+        if behind is not None and behind.replies:  # sent behind the commit, and answered
             with self._lock:  # the admitter's fairness book of this process
                 ran, wait = behind.finish(behind.replies[0])
         if ran:

@@ -231,3 +231,37 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
     rec = fleet.load("acme", tid)
     assert rec.turn == 2, "the follow-on turn ran"
     assert gates.reading(ROUTE).requests >= 2, "both model calls counted at the gate"
+
+
+def test_a_guarded_confirmation_answered_in_error_is_confirmed_on_its_own(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
+) -> None:
+    fleet = InProcessFleet(
+        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), follow_on_turns=16
+    )
+    follow_on = fleet.follow_on
+    assert follow_on is not None
+    admitter: Any = follow_on.admitter
+    guarded = admitter.confirm_committed
+    answered_in_error: list[bool] = []
+
+    def refused(claim: Any, mark: Any, figures: Any) -> Any:  # the server refuses the script
+        _, finish = guarded(claim, mark, figures)
+
+        def read(reply: Any) -> Any:
+            answered_in_error.append(isinstance(reply, Exception))
+            return finish(reply)
+
+        return ("HGET", "only-one-argument"), read
+
+    admitter.confirm_committed = refused
+    oid = seed_orders(redis_client, key_prefix, 2900, 1)[0]
+    tid = fleet.api.submit("acme", refund_job(oid)).trajectory_id
+    assert fleet.run_until_quiet() == 1, "every later turn admitted by the worker"
+    rec = fleet.load("acme", tid)
+    assert rec.stop_reason is StopReason.DONE and rec.turn >= 3
+    assert answered_in_error and all(answered_in_error)
+    assert admitted_by(fleet) == Counter(r1=1, w1=rec.turn - 1), "each confirmed once"
+    assert sum(n for n, _ in admitter.admitted()) == rec.turn, "every admission in the books"
+    gates = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
+    assert gates.reading(ROUTE).leases == 0, "every turn's gate lease was settled"
