@@ -38,6 +38,17 @@ def admitted_by(fleet: InProcessFleet) -> Counter[str]:
     return Counter(a["r"] for a in fleet.feed.admissions())
 
 
+def gated(
+    redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path, turns: int
+) -> tuple[InProcessFleet, follow_on_module.FollowOn]:
+    """A fleet with provider gates whose worker admits up to ``turns`` follow-on turns."""
+    fleet = InProcessFleet(
+        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), follow_on_turns=turns
+    )
+    assert fleet.follow_on is not None
+    return fleet, fleet.follow_on
+
+
 def test_an_uncontended_trajectory_runs_every_turn_from_one_message(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
@@ -189,11 +200,7 @@ def test_a_run_that_cannot_continue_ends_at_its_follow_on_admission(
 def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
-    fleet = InProcessFleet(
-        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), follow_on_turns=1
-    )
-    follow_on = fleet.follow_on
-    assert follow_on is not None
+    fleet, follow_on = gated(redis_client, key_prefix, tenants_file, gates_file, 1)
     clock = ManualClock(time.time())
     gates = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
     admitter = RedisAdmitter(
@@ -236,11 +243,7 @@ def test_a_claim_reaped_before_its_commit_is_debited_again_before_the_call(
 def test_a_guarded_confirmation_answered_in_error_is_confirmed_on_its_own(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
-    fleet = InProcessFleet(
-        redis_client, key_prefix, tenants_file, gates_file=str(gates_file), follow_on_turns=16
-    )
-    follow_on = fleet.follow_on
-    assert follow_on is not None
+    fleet, follow_on = gated(redis_client, key_prefix, tenants_file, gates_file, 16)
     admitter: Any = follow_on.admitter
     guarded = admitter.confirm_committed
     answered_in_error: list[bool] = []
