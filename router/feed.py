@@ -414,6 +414,11 @@ class Feed:
 
     # --- figures -------------------------------------------------------------------------------
 
+    def admission_figures(self, entry: dict[str, Any]) -> tuple[str, str, int]:
+        """What a script needs to record ``entry`` as :meth:`record_admissions` does: the
+        admissions list, the entry as stored there, the most entries the list keeps."""
+        return self.admissions_key, json.dumps(entry), STATS_CAP
+
     def record_admissions(
         self, entries: Sequence[dict[str, Any]], pipeline: Batch | None = None
     ) -> None:

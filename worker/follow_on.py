@@ -12,12 +12,10 @@ worker, and not past half the visibility timeout. See docs/adr/0041-follow-on-tu
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -31,29 +29,18 @@ from kernel.step import step
 from router.claims import Claim
 from router.commits import commit
 from router.custody import Custody
-from router.feed import STATS_CAP, Feed, Notice, admission_entry
+from router.feed import Feed, Notice, admission_entry
 from router.observe import AdmissionObserver
 from router.redis_admitter import RedisAdmitter
 from router.redis_gates import RedisGates
 from router.tenants import AdmissionConfig
 from router.turn_message import TurnMessage, worker_commands
-from store.base import Commit, prepare_commit
+from store.base import prepare_commit
 from store.redis_direct import direct_batch
 from store.redis_store import RedisStore
 
 log = logging.getLogger("reins.worker.follow_on")
 REDEBIT_WAIT_S = (0.05, 1.0)  # first and longest wait between debits of a lapsed claim
-
-
-@dataclass(slots=True)
-class _Behind:
-    """A follow-on claim to confirm behind its admission's compare-and-set: the claim, its
-    figures entry, and once sent the reader of the confirmation's reply and that reply."""
-
-    claim: Claim
-    entry: dict[str, Any]
-    finish: Callable[[Any], tuple[bool, float | None]] = lambda reply: (False, None)
-    replies: list[Any] = field(default_factory=list)
 
 
 class FollowOn:
@@ -172,8 +159,8 @@ class FollowOn:
         # In custody before it commits, in the same round trip, so the reconciler finds the turn
         # if this worker dies from then on.
         custody = self.custody.commands(self.worker, nxt) if commands else []
-        behind = _Behind(claim, self._entry(claim, now)) if commands else None
-        why = self._commit_admission(rec, result, ctx, custody, pending, behind)
+        confirm = (claim, now) if commands else None
+        why, (ran, wait) = self._commit_admission(rec, result, ctx, custody, pending, confirm)
         if why:  # a router takes it from its queue head and decides afresh
             log.info("declined a follow-on turn of %s: %s", rec.trajectory_id, why)
             if custody and result.record is not ready_rec:
@@ -187,10 +174,6 @@ class FollowOn:
             self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
             self.custody.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
-        ran, wait = False, None
-        if behind is not None and behind.replies:  # sent behind the commit, and answered
-            with self._lock:  # the admitter's fairness book of this process
-                ran, wait = behind.finish(behind.replies[0])
         if ran:
             self._admitted(claim, wait)
         else:  # on a cluster, after a lost round trip, or a reply in error: on its own
@@ -205,17 +188,31 @@ class FollowOn:
         ctx: KernelContext,
         custody: list[tuple[str, ...]],
         pending: StepResult | None,
-        behind: _Behind | None = None,
-    ) -> str:
+        confirm: tuple[Claim, float] | None,
+    ) -> tuple[str, tuple[bool, float | None]]:
         """Commit the admission ``result`` (after ``pending``, when given) by compare-and-set
-        over ``rec``, its ``custody`` entry written first in the same round trip and the
-        confirmation of ``behind``'s claim sent after it, guarded by that commit (on one node:
-        its reply in ``behind.replies``); "" once committed, else why it was not."""
+        over ``rec``, its ``custody`` entry written first in the same round trip and, when
+        ``confirm`` names the claim (and the time it was admitted), that claim's confirmation
+        sent behind it, run by the server only if the commit applied (one node). Returns ""
+        once committed, else why it was not; and whether the confirmation ran, with the
+        claim's wait (None: lapsed), as :meth:`ClaimEnds.confirm_committed` reads its reply
+        ((False, None) when it was not sent or not answered)."""
+        not_run: tuple[bool, float | None] = (False, None)
         ready = rec if pending is None else pending.record
         if result.record is ready:
-            return f"the kernel did not admit it ({result.note})"
+            return f"the kernel did not admit it ({result.note})", not_run
         rows = result.rows if pending is None else [*pending.rows, *result.rows]
         prepared = prepare_commit(result.record, rec.record_version, rows)
+        after: list[tuple[Any, ...]] = []
+        replies: list[Any] = []
+        finish: Callable[[Any], tuple[bool, float | None]] | None = None
+        if confirm is not None:
+            claim, now = confirm
+            figures = self.feed.admission_figures(self._entry(claim, now))
+            command, finish = self.admitter.confirm_committed(
+                claim, self.store.commit_mark(prepared), figures
+            )
+            after.append(command)
         provider = ctx.agent.model.provider
         try:
             commit(
@@ -224,27 +221,16 @@ class FollowOn:
                 result,
                 self.observer,
                 provider,
-                cas=lambda: self.store.apply(prepared, custody, *self._behind(behind, prepared)),
+                cas=lambda: self.store.apply(prepared, custody, after, replies),
             )
         except (ConcurrentModification, ReinsError) as exc:
-            return str(exc)
+            return str(exc), not_run
         if pending is not None:
             self.observer.on_step_result(rec, pending, provider)
-        return ""
-
-    def _behind(
-        self, behind: _Behind | None, prepared: Commit
-    ) -> tuple[list[tuple[Any, ...]], list[Any] | None]:
-        """``apply``'s ``after`` and ``replies`` for ``behind``: its claim's confirmation,
-        which runs only if ``prepared`` committed, and the list its reply goes to."""
-        if behind is None:
-            return [], None
-        figures = (self.feed.admissions_key, json.dumps(behind.entry), STATS_CAP)
-        command, behind.finish = self.admitter.confirm_committed(
-            behind.claim, self.store.commit_mark(prepared), figures
-        )
-        behind.replies.clear()
-        return [command], behind.replies
+        if finish is None or not replies:  # not sent (a cluster), or its round trip was lost
+            return "", not_run
+        with self._lock:  # the admitter's fairness book of this process
+            return "", finish(replies[0])
 
     def _confirm_claim(self, claim: Claim, now: float) -> None:
         """Commit the claim and record the admission for the figures, in a round trip of

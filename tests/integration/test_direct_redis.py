@@ -1,6 +1,7 @@
 """The direct Redis paths against the real server: what they write is what redis-py writes,
-a forked child never talks on its parent's pinned socket, and commands sent behind a commit
-(``RedisStore.apply``'s ``after``) run and answer whatever the commit found."""
+a forked child never talks on its parent's pinned socket, commands sent behind a commit
+(``RedisStore.apply``'s ``after``) run and answer whatever the commit found, and a new
+connection does not look redis-py's version up."""
 
 from __future__ import annotations
 
