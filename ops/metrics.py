@@ -336,6 +336,12 @@ class Metrics(FleetHealth, RouterObserver, TurnObserver):
 
         return commit
 
+    def on_worker(self, member: str) -> None:
+        """As the fleet-health series, the turn-duration histogram exists from 0: a rate over a
+        burst of turns that all ended between two scrapes would otherwise show nothing."""
+        super().on_worker(member)
+        self.turn_duration.labels(self.worker_of(member))
+
     def on_turn(self, worker: str, seconds: float) -> None:
         """One turn took ``seconds`` of wall time on ``worker``."""
         self.turn_duration.labels(self.worker_of(worker)).observe(max(seconds, 0.0))

@@ -40,6 +40,7 @@ def test_the_worker_label_outlives_the_pod_and_the_pod_is_an_info_series() -> No
     old, new = Metrics(worker_label="workers"), Metrics(worker_label="workers")
     old.on_worker("workers-7d9f-abcde")
     new.on_worker("workers-7d9f-fghij")  # the rollout's replacement pod
+    assert value(old, "reins_turn_duration_seconds_count", worker="workers") == 0, "from 0"
     old.on_turn("workers-7d9f-abcde", 0.2)
     new.on_turn("workers-7d9f-fghij", 0.2)
     for m, pod in ((old, "workers-7d9f-abcde"), (new, "workers-7d9f-fghij")):
