@@ -1,5 +1,5 @@
 """What the API process holds: the store, the feed, the fleet's configuration, the keys,
-memory, and a router API (:class:`router.submit.RouterApi`) over them that never admits.
+memory, and a router API (:class:`router.process.submit.RouterApi`) over them that never admits.
 
 The API queues a new trajectory with a notice on the feed, as a worker does (a router admits
 it); it sends only what a decision or a control request itself asks (the tool dispatch an
@@ -21,15 +21,15 @@ from api.problems import Problem
 from kernel.errors import SnapshotNotFound, UnknownAgent
 from kernel.settings import Settings
 from kernel.tools import Catalog
-from router.agents import AgentCache
-from router.broker import make_app
-from router.custody import Custody
-from router.feed import Feed
-from router.fleet_config import ConfigSource, FleetConfig, importable
-from router.membership import Membership
-from router.ring import Ring
-from router.submit import RouterApi, Submitted
-from router.wire import Publisher, publisher_for
+from router.fleet.agents import AgentCache
+from router.fleet.config import ConfigSource, FleetConfig, importable
+from router.placement.membership import Membership
+from router.placement.ring import Ring
+from router.process.submit import RouterApi, Submission
+from router.wire.broker import make_app
+from router.wire.custody import Custody
+from router.wire.feed import Feed
+from router.wire.publishers import Publisher, publisher_for
 from store.memory_redis import RedisMemory
 from store.redis_async import async_client_for
 from store.redis_client import client_for
@@ -136,7 +136,7 @@ class Front:
 
     def submit(
         self, tenant: str, body: dict[str, Any], idempotency_key: str | None
-    ) -> tuple[Submitted, bool]:
+    ) -> tuple[Submission, bool]:
         """Create a trajectory of ``body`` for ``tenant``; see :meth:`RouterApi.submit`.
 
         The agent is checked against the tenant's allow-list before anything is imported.
@@ -152,16 +152,16 @@ class Front:
         api = self.router_api()
         if idempotency_key is None:
             return api.submit(tenant, body), True
-        claim = self.idempotency.claim(tenant, idempotency_key, body)
-        if not claim.fresh:
-            return self._repeat(tenant, body, claim.body_digest, claim.trajectory_id), False
+        binding = self.idempotency.bind(tenant, idempotency_key, body)
+        if not binding.fresh:
+            return self._repeat(tenant, body, binding.body_digest, binding.trajectory_id), False
         try:
-            return api.submit(tenant, {**body, "trajectory_id": claim.trajectory_id}), True
+            return api.submit(tenant, {**body, "trajectory_id": binding.trajectory_id}), True
         except Exception:
             self.idempotency.release(tenant, idempotency_key)
             raise
 
-    def _repeat(self, tenant: str, body: dict[str, Any], digest: str, tid: str) -> Submitted:
+    def _repeat(self, tenant: str, body: dict[str, Any], digest: str, tid: str) -> Submission:
         if body_digest(body) != digest:
             raise Problem(
                 422,
@@ -180,4 +180,4 @@ class Front:
                 field="Idempotency-Key",
                 kind="idempotency-key-in-progress",
             ) from None
-        return Submitted(tenant, tid, rec.record_version, 0, 0, "")
+        return Submission(tenant, tid, rec.record_version, 0, 0, "")

@@ -20,8 +20,8 @@ KEEP_S = 86_400
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
-    """What an idempotency key names: the body's digest and the trajectory chosen for it."""
+class Binding:
+    """What an idempotency key is bound to: the body's digest and the trajectory chosen for it."""
 
     body_digest: str
     trajectory_id: str
@@ -42,19 +42,19 @@ class IdempotencyKeys:
     def _key(self, tenant: str, key: str) -> str:
         return f"{self.prefix}:api:idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
 
-    def claim(self, tenant: str, key: str, body: dict[str, Any]) -> Claim:
-        """Take ``key`` for ``body`` (fresh) or read what it already names."""
+    def bind(self, tenant: str, key: str, body: dict[str, Any]) -> Binding:
+        """Bind ``key`` to ``body`` and a new trajectory id (fresh), or read what it names."""
         digest = body_digest(body)
         proposed = f"traj-{uuid.uuid4().hex[:16]}"
         value = json.dumps({"b": digest, "t": proposed})
         where = self._key(tenant, key)
         if self.client.set(where, value, nx=True, ex=KEEP_S):
-            return Claim(digest, proposed, True)
+            return Binding(digest, proposed, True)
         raw = self.client.get(where)
         if raw is None:  # released meanwhile: take it again
-            return self.claim(tenant, key, body)
+            return self.bind(tenant, key, body)
         held = json.loads(cast(bytes, raw))
-        return Claim(held["b"], held["t"], False)
+        return Binding(held["b"], held["t"], False)
 
     def release(self, tenant: str, key: str) -> None:
         """Free ``key`` after a refused submission."""

@@ -28,7 +28,6 @@ from kernel.errors import (
     StaleDecision,
     StoreUnavailable,
     UnknownAgent,
-    UnknownReference,
 )
 
 MEDIA = "application/problem+json"
@@ -83,16 +82,18 @@ def from_reins(exc: ReinsError) -> Problem:
         return Problem(503, "Not configured", str(exc), kind="not-configured")
     if isinstance(exc, StoreUnavailable):
         return Problem(503, "Unavailable", f"the store did not answer: {exc}; retry")
+    if exc.code == "backlog_full":  # the tenant's backlog is full: back off, not a bad job
+        return Problem(429, "Backlog full", str(exc), headers={"Retry-After": "5"})
     if isinstance(exc, UnknownAgent):
-        return Problem(422, "Unknown agent", str(exc), field="agent")
-    if isinstance(exc, UnknownReference) and "may not decide" in str(exc):
+        return Problem(422, "Unknown agent", str(exc), field=exc.field)
+    if exc.code == "not_a_reviewer":
         return Problem(403, "Not a reviewer", str(exc), kind="not-a-reviewer")
     if isinstance(exc, StaleDecision | ConcurrentModification):
         return Problem(409, "Conflict", f"{exc}; read the trajectory again and retry")
     if isinstance(exc, IllegalTransition | ControlFlow):
         return Problem(409, "Not now", str(exc), kind="conflict")
     if isinstance(exc, InvalidInput):
-        return Problem(422, "Invalid input", str(exc), kind="invalid-input")
+        return Problem(422, "Invalid input", str(exc), field=exc.field, kind="invalid-input")
     return Problem(500, "Internal error", f"{type(exc).__name__}: {exc}")
 
 

@@ -33,7 +33,7 @@ from api.views import (
     held_of,
     trajectory_of,
 )
-from kernel.errors import InvalidBudget, InvalidInput, SnapshotNotFound
+from kernel.errors import InvalidInput, SnapshotNotFound
 from kernel.record import ApprovalStatus, ControlKind, TrajectoryRecord
 from kernel.states import LifecycleState
 from kernel.trace import postmortem, spans_from_chain
@@ -50,15 +50,6 @@ def _load(request: Request, tenant: str, trajectory_id: str) -> TrajectoryRecord
         raise not_found() from None
 
 
-def _refusal_field(exc: InvalidInput) -> str | None:
-    text = str(exc)
-    if isinstance(exc, InvalidBudget) or "budget" in text:
-        return "budget"
-    if "service class" in text:
-        return "service_class"
-    return "agent" if "agent" in text else None
-
-
 @router.post("/trajectories", status_code=201, response_model=Submitted)
 async def submit(
     job: JobRequest,
@@ -73,11 +64,7 @@ async def submit(
     try:
         done, created = front_of(request).submit(tenant, body, idempotency_key)
     except InvalidInput as exc:
-        if "max_ready" in str(exc):  # the tenant's backlog is full: back off, not a bad job
-            raise Problem(429, "Backlog full", str(exc), headers={"Retry-After": "5"}) from None
-        problem = from_reins(exc)
-        problem.field = problem.field or _refusal_field(exc)
-        raise problem from None
+        raise from_reins(exc) from None
     state = LifecycleState.READY
     if not created:  # the trajectory this key already named, as it stands now
         response.status_code = 200

@@ -11,8 +11,8 @@ import redis
 
 from api.views import Usage
 from kernel.states import LifecycleState
-from router.feed import Feed
-from router.tenants import AdmissionConfig
+from router.admission.tenants import AdmissionConfig
+from router.wire.feed import Feed
 from store.base import TrajectoryStore
 
 WINDOW = 5000  # the most recent admissions read

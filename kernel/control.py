@@ -261,7 +261,11 @@ def _decided_hold(draft: Draft, ev: ApprovalDecided) -> HeldProposal:
             f"{held.digest[:8]}..."
         )
     if ev.reviewer not in draft.ctx.agent.reviewers:
-        raise UnknownReference(f"approval {ev.approval_id}: {ev.reviewer!r} may not decide")
+        raise UnknownReference(
+            f"approval {ev.approval_id}: {ev.reviewer!r} may not decide",
+            code="not_a_reviewer",
+            field="reviewer",
+        )
     return held
 
 

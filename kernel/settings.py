@@ -18,6 +18,10 @@ PREFIX = "REINS_"
 TEST_PREFIX = "REINS_TEST_"  # the test suite's own variables (its Redis, its screenshots)
 
 
+#: Settings renamed, by their old name: the old variable still sets the new one.
+RENAMED = {"admitter_lease_s": "admitter_leadership_s"}
+
+
 class Settings(BaseModel):
     """Process-wide settings; each field maps to ``REINS_<FIELD>`` in the environment."""
 
@@ -73,7 +77,7 @@ class Settings(BaseModel):
     scripted_latency_s: float | None = Field(
         None, ge=0, description="scripted models: seconds slept per call; unset: the policy's"
     )
-    admitter_lease_s: float = Field(
+    admitter_leadership_s: float = Field(
         3.0, gt=0, description="lease of the router that admits while the admitter is local"
     )
     tenants_file: str = Field("", description="tenant configuration (.toml or .json)")
@@ -92,7 +96,8 @@ class Settings(BaseModel):
             "only when that overtakes nobody in the shared admitter (0: every turn via a router)"
         ),
     )
-    # --- Prometheus (ops/metrics.py): every router and worker process serves /metrics ---
+    # --- Prometheus (ops/observability/metrics.py): every router and worker process serves
+    # /metrics ---
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /metrics; 0: not served")
     metrics_host: str = Field(
         "127.0.0.1", min_length=1, description="address /metrics listens on (0.0.0.0 in a pod)"
@@ -146,6 +151,7 @@ class Settings(BaseModel):
             if not name.startswith(PREFIX) or name.startswith(TEST_PREFIX):
                 continue
             field = name[len(PREFIX) :].lower()
+            field = RENAMED.get(field, field)
             if field not in known:
                 raise ConfigError(
                     f"{name} is not a reins setting; known: "

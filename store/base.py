@@ -55,7 +55,14 @@ class Commit(NamedTuple):
     owes: bool = False  # ended with an operation still open: listed by ``owing``
 
 
-class Outcome(IntEnum):
+class TrajectoryKey(NamedTuple):
+    """Where a trajectory is: its tenant and its id (ids are unique within a tenant)."""
+
+    tenant: str
+    trajectory_id: str
+
+
+class CommitOutcome(IntEnum):
     """What a backend's atomic step found; :func:`settle` turns it into a result or an error."""
 
     CHAIN_GAP = -1  # the version matched but rows[0] is not the next chain index
@@ -148,7 +155,7 @@ def prepare_commit(
     )
 
 
-_SUCCEEDED = (Outcome.APPLIED, Outcome.REPEAT)
+_SUCCEEDED = (CommitOutcome.APPLIED, CommitOutcome.REPEAT)
 
 
 class Retirement(StrEnum):
@@ -166,12 +173,12 @@ def retirable(record: TrajectoryRecord) -> bool:
     return record.state in TERMINAL and not record.open_operations
 
 
-def settle(commit: Commit, outcome: Outcome, found: int) -> int:
+def settle(commit: Commit, outcome: CommitOutcome, found: int) -> int:
     """Turn a backend's outcome into the new version, or the error that names what was found."""
     if outcome in _SUCCEEDED:
         return commit.version
     tid = commit.trajectory_id
-    if outcome is Outcome.CHAIN_GAP:
+    if outcome is CommitOutcome.CHAIN_GAP:
         raise InvalidInput(
             f"trajectory {tid}: chain rows start at index {commit.first_row} but the chain "
             f"holds {found} rows; nothing was written"

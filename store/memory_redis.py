@@ -17,22 +17,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from functools import partial
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import redis
-from redis.exceptions import NoScriptError
 
 from kernel.errors import ConfigError
 from kernel.memory import MemoryItem, MemoryKind, Owner, Scope, Visibility, tag_token
 from kernel.settings import Settings
 from store.memory_base import MemoryBank
 from store.redis_client import client_for, is_cluster, retry_transient, text
+from store.scripts import run_batch, scripts_beside
 
-
-def _script(client: redis.Redis, name: str) -> Any:
-    return client.register_script((Path(__file__).parent / "lua" / name).read_text("utf-8"))
+SCRIPTS = scripts_beside(__file__)
 
 
 class RedisMemory(MemoryBank):
@@ -44,9 +41,9 @@ class RedisMemory(MemoryBank):
         self.prefix = prefix
         self._client = client
         self._attempts = retry_attempts
-        self._put = _script(client, "memory_put.lua")
-        self._delete = _script(client, "memory_delete.lua")
-        self._recall = _script(client, "memory_recall.lua")
+        self._put = SCRIPTS("memory_put.lua")
+        self._delete = SCRIPTS("memory_delete.lua")
+        self._recall = SCRIPTS("memory_recall.lua")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisMemory:
@@ -91,19 +88,13 @@ class RedisMemory(MemoryBank):
         """Send what ``queue`` puts on a pipeline (scripts as bare ``EVALSHA``, which a cluster
         pipeline takes too); a server that lost the scripts gets them and the batch once more
         (each command in it is safe to repeat)."""
-        for attempt in range(2):
+
+        def send() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)
             queue(pipe)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
-                for script in (self._put, self._delete, self._recall):
-                    self._client.script_load(script.script)
-                continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
-        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns
+            return pipe.execute(raise_on_error=False)
+
+        return run_batch(self._client, send, (self._put, self._delete, self._recall))
 
     def _put_batch(self, items: list[MemoryItem]) -> None:
         def index(pipe: Any) -> None:
@@ -123,7 +114,7 @@ class RedisMemory(MemoryBank):
                     stem,
                     *(tag_token(t) for t in item.tags),
                 ]
-                pipe.execute_command("EVALSHA", self._put.sha, len(keys), *keys, *args)
+                pipe.execute_command(*self._put.command(keys, args))
 
         def both(pipe: Any) -> None:
             index(pipe)
@@ -204,7 +195,7 @@ class RedisMemory(MemoryBank):
         stem = self.stem(_owner_from_json(tenant, text(owner)).token)
         existed = self._run(
             f"deleting memory item {item_id}",
-            partial(self._delete, keys=[f"{stem}i:{item_id}"], args=[item_id, stem]),
+            partial(self._delete.run, self._client, [f"{stem}i:{item_id}"], [item_id, stem]),
         )
         self._run(f"deleting memory item {item_id}", partial(self._client.hdel, ids, item_id))
         return bool(existed)

@@ -9,16 +9,16 @@ by ``lua/index_page.lua``: its cost follows the page, not how far into the index
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError
 
 from store.redis_direct import direct_batch
 from store.redis_keys import INDEX_BUCKETS, bucket_of
+from store.scripts import run_batch, scripts_beside
+
+SCRIPTS = scripts_beside(__file__)
 
 
 class IndexPager:
@@ -27,8 +27,7 @@ class IndexPager:
     def __init__(self, client: redis.Redis, read: Callable[[str, Callable[[], Any]], Any]):
         self._client = client
         self._read = read
-        self._source = (Path(__file__).parent / "lua" / "index_page.lua").read_text("utf-8")
-        self._sha = hashlib.sha1(self._source.encode()).hexdigest()
+        self._script = SCRIPTS("index_page.lua")
         #: Ids the scripts returned, all pages together: what the pages read, for the tests.
         self.ids_read = 0
 
@@ -51,18 +50,11 @@ class IndexPager:
         def send() -> list[Any]:
             batch = direct_batch(self._client)
             for key, code, after, count in calls:
-                batch.execute_command("EVALSHA", self._sha, 1, key, code, after, count)
+                batch.execute_command(*self._script.command([key], [code, after, count]))
             return batch.execute(raise_on_error=False)
 
         def run() -> list[Any]:
-            replies = send()
-            if any(isinstance(r, NoScriptError) for r in replies):  # the server lost it
-                self._client.script_load(self._source)
-                replies = send()
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
+            return run_batch(self._client, send, [self._script])
 
         pages = [_ids(r) for r in self._read(what, run)]
         self.ids_read += sum(len(p) for p in pages)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import zlib
 from functools import lru_cache
+from typing import NamedTuple
 from urllib.parse import quote, unquote
 
 #: How many buckets a tenant's index (and owing set) is split into. Fixed: a trajectory's
@@ -63,12 +64,21 @@ def bucket_tag(prefix: str, tenant: str, bucket: int) -> str:
     return f"{{{prefix}:{enc(tenant)}:#{bucket}}}"
 
 
+class CommitKeys(NamedTuple):
+    """The keys a commit of one trajectory writes, all in one slot."""
+
+    snapshot: str
+    chain: str
+    index_bucket: str
+    owing_bucket: str
+
+
 @lru_cache(maxsize=65536)
-def commit_keys(prefix: str, tenant: str, trajectory_id: str) -> tuple[str, str, str, str]:
+def commit_keys(prefix: str, tenant: str, trajectory_id: str) -> CommitKeys:
     """Snapshot, chain, index-bucket and owing-bucket keys of one trajectory (one slot)."""
     tag = bucket_tag(prefix, tenant, bucket_of(trajectory_id))
     tid = enc(trajectory_id)
-    return f"{tag}{SNAP}{tid}", f"{tag}{CHAIN}{tid}", f"{tag}:index", f"{tag}:owing"
+    return CommitKeys(f"{tag}{SNAP}{tid}", f"{tag}{CHAIN}{tid}", f"{tag}:index", f"{tag}:owing")
 
 
 @lru_cache(maxsize=4096)

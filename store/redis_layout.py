@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import redis
 
 from kernel.errors import UnsupportedLayout
+from store.base import TrajectoryKey
 from store.redis_client import text
 from store.redis_keys import COMMITS_KEPT, LAYOUT, commit_keys, layout_key
 
@@ -99,7 +100,7 @@ def migrate(source: redis.Redis, target: redis.Redis, prefix: str, *, same: bool
             continue
         if kind in ("snap", "chain"):
             _move_trajectory_key(
-                source, target, prefix, (tenant, unquote(found.group(2))), key, done
+                source, target, prefix, TrajectoryKey(tenant, unquote(found.group(2))), key, done
             )
         elif kind == "owing":
             for member, _ in source.zscan_iter(key):
@@ -127,7 +128,7 @@ def _move_trajectory_key(
     source: redis.Redis,
     target: redis.Redis,
     prefix: str,
-    trajectory: tuple[str, str],
+    trajectory: TrajectoryKey,
     key: str,
     done: Migrated,
 ) -> None:

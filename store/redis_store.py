@@ -16,12 +16,10 @@ safe to send again; a retire cut off between them leaves an index entry the next
 from __future__ import annotations
 
 import builtins
-import hashlib
 import heapq
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import redis
 from redis.exceptions import NoScriptError, RedisError
@@ -39,8 +37,8 @@ from kernel.settings import Settings
 from kernel.states import LifecycleState
 from store.base import (
     Commit,
+    CommitOutcome,
     JsonObject,
-    Outcome,
     Retirement,
     TrajectoryStore,
     decode_result,
@@ -71,6 +69,7 @@ from store.redis_keys import (
     trajectory_of_snapshot,
 )
 from store.redis_layout import check_layout
+from store.scripts import scripts_beside
 
 _T = TypeVar("_T")
 
@@ -93,8 +92,23 @@ _CODE_OF = {state.value: code for state, code in STATE_CODES.items()}
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
-def _load_script(name: str) -> str:
-    return (Path(__file__).parent / "lua" / name).read_text(encoding="utf-8")
+SCRIPTS = scripts_beside(__file__)
+
+
+class TrajectoryKeys(NamedTuple):
+    """The keys that hold one trajectory: its snapshot and its chain."""
+
+    snapshot: str
+    chain: str
+
+
+class CommitMark(NamedTuple):
+    """Where a script behind a commit finds that it applied: the snapshot key, the field of its
+    version, and the commit id that field holds once it did (cas.lua)."""
+
+    key: str
+    field: str
+    commit_id: str
 
 
 class RedisStore(TrajectoryStore):
@@ -110,12 +124,11 @@ class RedisStore(TrajectoryStore):
         self._client = client
         self._cluster = is_cluster(client)
         self._attempts = retry_attempts
-        self._cas_source = _load_script("cas.lua")
-        self._cas_sha = hashlib.sha1(self._cas_source.encode()).hexdigest()
+        self._cas = SCRIPTS("cas.lua")
         self._execute = direct_command(client)  # the hot path: CAS and load, nothing else
         self._layout_checked = False
-        self._retire = client.register_script(_load_script("retire.lua"))
-        self._unindex = client.register_script(_load_script("unindex.lua"))
+        self._retire = SCRIPTS("retire.lua")
+        self._unindex = SCRIPTS("unindex.lua")
         self._pager = IndexPager(client, self._read)
 
     @classmethod
@@ -142,10 +155,10 @@ class RedisStore(TrajectoryStore):
 
     # --- keys ------------------------------------------------------------------------------
 
-    def trajectory_keys(self, tenant: str, trajectory_id: str) -> tuple[str, str]:
+    def trajectory_keys(self, tenant: str, trajectory_id: str) -> TrajectoryKeys:
         """The snapshot and chain keys of one trajectory (one hash tag)."""
-        snap_key, chain_key, _, _ = commit_keys(self.prefix, tenant, trajectory_id)
-        return snap_key, chain_key
+        keys = commit_keys(self.prefix, tenant, trajectory_id)
+        return TrajectoryKeys(keys.snapshot, keys.chain)
 
     def index_keys(self, tenant: str) -> tuple[str, ...]:
         """Every bucket of the tenant's state index, in bucket order."""
@@ -246,13 +259,13 @@ class RedisStore(TrajectoryStore):
             raise StoreError(f"committing trajectory {commit.trajectory_id}: {exc}") from exc
         if reply[0] > 0:  # applied, or a repeat of this very commit
             return commit.version
-        return settle(commit, Outcome(reply[0]), reply[1])
+        return settle(commit, CommitOutcome(reply[0]), reply[1])
 
-    def commit_mark(self, commit: Commit) -> tuple[str, str, str]:
+    def commit_mark(self, commit: Commit) -> CommitMark:
         """Where a script behind ``commit`` finds that it applied: the snapshot key, the field
         of its version and the commit id that field holds once it did (cas.lua)."""
         snap_key = commit_keys(self.prefix, commit.tenant, commit.trajectory_id)[0]
-        return snap_key, f"c{commit.version}", commit.commit_id
+        return CommitMark(snap_key, f"c{commit.version}", commit.commit_id)
 
     def _run_cas(
         self,
@@ -271,7 +284,7 @@ class RedisStore(TrajectoryStore):
             batch = direct_batch(self._client)
             for command in before:
                 batch.execute_command(*command)
-            batch.execute_command("EVALSHA", self._cas_sha, 4, *call)
+            batch.execute_command("EVALSHA", self._cas.sha, 4, *call)
             for command in after:
                 batch.execute_command(*command)
             got = batch.execute(raise_on_error=False)
@@ -282,10 +295,10 @@ class RedisStore(TrajectoryStore):
                     raise reply_
             return cast(list[int], script_reply(got[len(before)], lambda: self._run_cas(call)))
         try:
-            reply: list[int] = self._execute("EVALSHA", self._cas_sha, 4, *call)
+            reply: list[int] = self._execute("EVALSHA", self._cas.sha, 4, *call)
         except NoScriptError:
-            self._client.script_load(self._cas_source)
-            reply = self._execute("EVALSHA", self._cas_sha, 4, *call)
+            self._cas.load(self._client)
+            reply = self._execute("EVALSHA", self._cas.sha, 4, *call)
         return reply
 
     def _read_back(
@@ -298,10 +311,10 @@ class RedisStore(TrajectoryStore):
         """After a lost reply: find out whether the commit landed, and finish it if not."""
         stored_id, current = self._client.hmget(snap_key, [f"c{commit.version}", "v"])
         if stored_id is not None and text(stored_id) == commit.commit_id:
-            return [Outcome.REPEAT, commit.version]
+            return [CommitOutcome.REPEAT, commit.version]
         current_version = int(text(current)) if current is not None else 0
         if current_version != commit.expected_version:
-            return [Outcome.CONFLICT, current_version]
+            return [CommitOutcome.CONFLICT, current_version]
         # Not applied (or still in flight on the dead connection): the script's own commit-id
         # check makes sending it again safe whichever of the two arrives first.
         return self._run_cas(call, before)
@@ -412,7 +425,7 @@ class RedisStore(TrajectoryStore):
             return Retirement.KEPT
         outcome, _ = self._retrying(
             f"retiring trajectory {trajectory_id}",
-            lambda: self._retire(keys=[snap_key, chain_key], args=[expected_version]),
+            lambda: self._retire.run(self._client, [snap_key, chain_key], [expected_version]),
         )
         if outcome < 0:
             return Retirement.CHANGED
@@ -426,7 +439,7 @@ class RedisStore(TrajectoryStore):
         _, _, index_key, owing_key = commit_keys(self.prefix, tenant, trajectory_id)
         self._retrying(
             f"removing trajectory {trajectory_id} from the index",
-            lambda: self._unindex(keys=[index_key, owing_key], args=[trajectory_id]),
+            lambda: self._unindex.run(self._client, [index_key, owing_key], [trajectory_id]),
         )
 
     def owing_key_for(self, tenant: str, trajectory_id: str) -> str:

@@ -25,8 +25,8 @@ from kernel.settings import Settings
 from kernel.states import TERMINAL, LifecycleState
 from store.base import (
     Commit,
+    CommitOutcome,
     JsonObject,
-    Outcome,
     Retirement,
     TrajectoryStore,
     decode_result,
@@ -163,18 +163,18 @@ class SqliteStore(SqliteFile, TrajectoryStore):
         """One transaction; see :meth:`SnapshotStore.compare_and_set`."""
         with self._write(f"committing trajectory {commit.trajectory_id}") as conn:
             outcome, found = self._apply_in(conn, commit)
-            if outcome is not Outcome.APPLIED:
+            if outcome is not CommitOutcome.APPLIED:
                 conn.execute("ROLLBACK")
         return settle(commit, outcome, found)
 
-    def _apply_in(self, conn: sqlite3.Connection, commit: Commit) -> tuple[Outcome, int]:
+    def _apply_in(self, conn: sqlite3.Connection, commit: Commit) -> tuple[CommitOutcome, int]:
         where = (commit.tenant, commit.trajectory_id)
         seen = conn.execute(
             "SELECT commit_id FROM commits WHERE tenant = ? AND trajectory_id = ? AND version = ?",
             (*where, commit.version),
         ).fetchone()
         if seen is not None and seen[0] == commit.commit_id:
-            return Outcome.REPEAT, commit.version
+            return CommitOutcome.REPEAT, commit.version
         if commit.expected_version == 0:
             changed = conn.execute(
                 "INSERT INTO snapshots (tenant, trajectory_id, version, state, data) "
@@ -188,7 +188,7 @@ class SqliteStore(SqliteFile, TrajectoryStore):
                 (commit.version, commit.state, commit.snapshot, *where, commit.expected_version),
             ).rowcount
         if changed != 1:
-            return Outcome.CONFLICT, self._version(conn, *where)
+            return CommitOutcome.CONFLICT, self._version(conn, *where)
         if commit.rows:
             length = conn.execute(
                 "SELECT COALESCE(MAX(idx) + 1, 0) FROM chain "
@@ -196,7 +196,7 @@ class SqliteStore(SqliteFile, TrajectoryStore):
                 where,
             ).fetchone()[0]
             if length != commit.first_row:
-                return Outcome.CHAIN_GAP, int(length)
+                return CommitOutcome.CHAIN_GAP, int(length)
             conn.executemany(
                 "INSERT INTO chain (tenant, trajectory_id, idx, data) VALUES (?, ?, ?, ?)",
                 [(*where, commit.first_row + i, row) for i, row in enumerate(commit.rows)],
@@ -209,7 +209,7 @@ class SqliteStore(SqliteFile, TrajectoryStore):
             conn.execute("INSERT OR IGNORE INTO owing (tenant, trajectory_id) VALUES (?, ?)", where)
         elif commit.state in _TERMINAL_NAMES:  # only an ended run can have owed
             conn.execute("DELETE FROM owing WHERE tenant = ? AND trajectory_id = ?", where)
-        return Outcome.APPLIED, commit.version
+        return CommitOutcome.APPLIED, commit.version
 
     @staticmethod
     def _version(conn: sqlite3.Connection, tenant: str, trajectory_id: str) -> int:

@@ -2,7 +2,7 @@
 never loaded for a turn, so its module is never imported here.
 
 :class:`AllowListedStore` is the worker's store with that check in :meth:`load`: the fleet's
-configuration (:mod:`router.fleet_config`) names each tenant's agents; a record naming another
+configuration (:mod:`router.fleet.config`) names each tenant's agents; a record naming another
 is refused with :class:`~kernel.errors.InvalidInput`, which the turn checks turn into an ignored
 message (logged, the record untouched). A fleet run from files, with no document in Redis,
 is not checked here (its routers check their own files at submission).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kernel.errors import InvalidInput
 from kernel.record import TrajectoryRecord
-from router.fleet_config import ConfigSource
+from router.fleet.config import ConfigSource
 from store.redis_store import RedisStore
 
 

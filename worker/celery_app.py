@@ -1,4 +1,4 @@
-"""The worker's Celery app: the fleet's app (:mod:`router.broker`) with the turn task on it."""
+"""The worker's Celery app: the fleet's app (:mod:`router.wire.broker`) with the turn task on it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from celery.worker.consumer import Consumer
 from kombu.entity import Queue
 
 from kernel.settings import Settings
-from router.broker import NOOP_TASK, TURN_TASK, make_app
+from router.wire.broker import NOOP_TASK, TURN_TASK, make_app
 
 
 class TurnConsumer(Consumer):  # type: ignore[misc]  # Celery is untyped

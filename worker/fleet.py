@@ -32,17 +32,17 @@ from kernel.agent import AgentModule
 from kernel.errors import InvalidInput, UnknownMember
 from kernel.settings import Settings
 from kernel.tools import ToolBackend
-from router.agents import AgentCache
-from router.broker import noops_key
-from router.custody import Custody
-from router.feed import CancelListener, Feed
-from router.fleet_config import ConfigSource, importable
-from router.gates import GateConfig
-from router.health import Beat, HealthServer, live_within_s, serve_probes
-from router.membership import Membership, Progress
-from router.redis_gates import RedisGates
-from router.turn_message import HandBackWhy, TurnMessage
-from router.wire import member_queue
+from router.admission.gates import GateConfig
+from router.admission.redis.gates import RedisGates
+from router.fleet.agents import AgentCache
+from router.fleet.config import ConfigSource, importable
+from router.fleet.health import Beat, HealthServer, live_within_s, serve_probes
+from router.placement.membership import Membership, Progress
+from router.wire.broker import noops_key
+from router.wire.custody import Custody
+from router.wire.feed import CancelListener, Feed
+from router.wire.publishers import member_queue
+from router.wire.turns import HandBackWhy, TurnMessage
 from store.memory_redis import RedisMemory
 from store.redis_client import client_for
 from worker.allowed import AllowListedStore
@@ -50,7 +50,7 @@ from worker.celery_app import worker_app
 from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
-from worker.providers.base import InflightCalls
+from worker.providers.base import InFlightCalls
 from worker.tool_gates import ToolGates, gated_route, lease_ttl_s
 from worker.turn import TurnObserver, TurnRunner
 
@@ -99,7 +99,7 @@ class FleetWorker:
         self.membership = Membership.of(self.client, settings)
         self.incarnation = uuid.uuid4().hex  # this process; a restart under the name is another
         self.feed = Feed(self.client, settings.key_prefix)
-        self.inflight = InflightCalls()
+        self.calls_in_flight = InFlightCalls()
         self.listener = CancelListener(self.feed, self._cancel)
         factory: BackendFactory | None = None
         shared = options.backend
@@ -127,7 +127,7 @@ class FleetWorker:
             tools=tools,
             feed=self.feed,
             worker=self.name,
-            inflight=self.inflight,
+            calls_in_flight=self.calls_in_flight,
             listener=self.listener,
             custody=custody,
             observer=observer,
@@ -228,7 +228,7 @@ class FleetWorker:
             self.drain_figures[what] += 1
 
     def _cancel(self, call_id: str) -> None:
-        if self.inflight.cancel(call_id):
+        if self.calls_in_flight.cancel(call_id):
             log.info("canceled model call %s on %s", call_id, self.name)
 
     # --- life cycle ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from kernel.agent import AgentModule, AgentProfile
 from kernel.events import ReplyStatus
 from kernel.tools import ToolBackend, ToolSpec
-from router.agents import AgentCache
+from router.fleet.agents import AgentCache
 from store.memory_base import MemoryBank
 from worker.models import Model, ModelReply, ScriptedModel
 from worker.providers import make_model, with_model

@@ -26,15 +26,17 @@ from kernel.events import Admit
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.step import step
-from router.claims import Claim
-from router.commits import commit
-from router.custody import Custody
-from router.feed import Feed, Notice, admission_entry
-from router.observe import AdmissionObserver
-from router.redis_admitter import RedisAdmitter
-from router.redis_gates import RedisGates
-from router.tenants import AdmissionConfig
-from router.turn_message import TurnMessage, worker_commands
+from router.admission.claims import Claim
+from router.admission.gates import NO_SETTLEMENT, GateSettlement
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.redis.gates import RedisGates
+from router.admission.tenants import AdmissionConfig
+from router.fleet.commits import commit
+from router.fleet.observe import AdmissionObserver
+from router.wire.custody import Custody
+from router.wire.feed import Feed, admission_entry
+from router.wire.notices import Notice
+from router.wire.turns import TurnMessage, worker_commands
 from store.base import prepare_commit
 from store.redis_direct import direct_batch
 from store.redis_store import RedisStore
@@ -146,7 +148,9 @@ class FollowOn:
         admission); the caller carries them out as a turn's own.
         """
         entry = ready.returning(msg.route or None)  # the route its admission checked
-        settle = (msg.route, msg.lease, used_tokens) if msg.lease and msg.route else ("", "", -1)
+        settle = NO_SETTLEMENT
+        if msg.lease and msg.route:
+            settle = GateSettlement(msg.route, msg.lease, used_tokens)
         _, claim = self.admitter.claim_returning(entry, settle=settle)
         if claim is None:
             self._count(passed=1)

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from router.fleet_config import ConfigSource
-from router.gates import GateReading, ProviderLimits
+from router.admission.gates import GateReading, ProviderLimits
+from router.fleet.config import ConfigSource
 from worker.leases import LeaseKeeper
 
 log = logging.getLogger("reins.worker.tools")

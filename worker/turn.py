@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Generic, TypeVar, cast
+from typing import TypeVar
 
 from kernel.context import KernelContext, StepResult
 from kernel.events import (
@@ -31,17 +31,18 @@ from kernel.events import (
     Recover,
 )
 from kernel.record import TrajectoryRecord
-from router.commits import advance
-from router.custody import Custody
-from router.feed import CancelListener, Feed, Notice, NoticeKind, ready_notice
-from router.observe import AdmissionObserver, provider_of
-from router.turn_message import HandBackWhy, TurnMessage
+from router.fleet.commits import advance
+from router.fleet.observe import AdmissionObserver, provider_of
+from router.wire.custody import Custody
+from router.wire.feed import CancelListener, Feed
+from router.wire.notices import Notice, NoticeKind, ready_notice
+from router.wire.turns import HandBackWhy, TurnMessage
 from store.base import TrajectoryStore
 from worker import turn_checks as checks
 from worker.fleet_agents import TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
-from worker.providers.base import InflightCalls
+from worker.providers.base import InFlightCalls
 from worker.tool_gates import ToolGates
 from worker.turn_checks import HandBackInstead, Ignored, Opening
 from worker.turn_commands import CommandCarrier, Metered
@@ -74,7 +75,8 @@ class TurnReport:
 
 
 class TurnObserver(AdmissionObserver):
-    """Told of each turn's wall time as well as of each commit (``ops.metrics.Metrics`` is one)."""
+    """Told of each turn's wall time as well as of each commit
+    (``ops.observability.metrics.Metrics`` is one)."""
 
     def on_turn(self, worker: str, seconds: float) -> None:
         """One turn took ``seconds`` of wall time on ``worker`` (however it ended)."""
@@ -101,34 +103,8 @@ class TurnObserver(AdmissionObserver):
 AFFINITY_MEMORY = 50_000
 
 
-class _OnPart(Generic[T]):
-    """A runner attribute kept on one of its parts: reading or setting it on the runner reaches
-    the part, so a collaborator replaced after construction is the one the part uses."""
-
-    def __init__(self, part: str) -> None:
-        self.part, self.name = part, ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, runner: object, owner: type | None = None) -> T:
-        return cast(T, getattr(getattr(runner, self.part), self.name))
-
-    def __set__(self, runner: object, value: T) -> None:
-        setattr(getattr(runner, self.part), self.name, value)
-
-
 class TurnRunner:
     """Carries out turn messages; one instance per worker, called from many threads at once."""
-
-    tools: _OnPart[TurnTools] = _OnPart("_carrier")
-    inflight: _OnPart[InflightCalls] = _OnPart("_carrier")
-    listener: _OnPart[CancelListener | None] = _OnPart("_carrier")
-    clock: _OnPart[Callable[[], float]] = _OnPart("_carrier")
-    feed: _OnPart[Feed] = _OnPart("_ending")
-    worker: _OnPart[str] = _OnPart("_ending")
-    custody: _OnPart[Custody | None] = _OnPart("_ending")  # released after each notice
-    leases: _OnPart[LeaseKeeper | None] = _OnPart("_ending")  # kept alive while a turn runs
 
     def __init__(
         self,
@@ -137,7 +113,7 @@ class TurnRunner:
         tools: TurnTools,
         feed: Feed,
         worker: str,
-        inflight: InflightCalls | None = None,
+        calls_in_flight: InFlightCalls | None = None,
         listener: CancelListener | None = None,
         clock: Callable[[], float] = time.time,
         custody: Custody | None = None,
@@ -147,12 +123,22 @@ class TurnRunner:
         max_call_s: float = float("inf"),
         tool_gates: ToolGates | None = None,
     ) -> None:
-        inflight = inflight if inflight is not None else InflightCalls()  # len() 0 is falsy
+        calls_in_flight = (
+            calls_in_flight if calls_in_flight is not None else InFlightCalls()
+        )  # len() 0 is falsy
         self._carrier = CommandCarrier(
-            tools, inflight, listener, clock, max_call_s, tool_gates, on_recall=self._on_recall
+            tools,
+            calls_in_flight,
+            listener,
+            clock,
+            max_call_s,
+            tool_gates,
+            on_recall=self._on_recall,
         )
         self._ending = TurnEnding(feed, worker, custody, leases)
         self.store = store
+        self.tools, self.calls_in_flight, self.clock = tools, calls_in_flight, clock
+        self.feed, self.worker = feed, worker
         self.observer = observer or TurnObserver()
         self.follow_on = follow_on  # None: every READY turn goes back to a router
         self._providers: dict[str, str] = {}  # agent -> provider label of its model calls
@@ -328,7 +314,7 @@ class TurnRunner:
                 ended, reason = ending
                 continue
             if isinstance(cmd, CancelCall):
-                self.inflight.cancel(cmd.call_id)
+                self.calls_in_flight.cancel(cmd.call_id)
                 self.feed.publish_cancel(rec.tenant, rec.trajectory_id, cmd.call_id)
                 continue
             event, metered = self._carrier.carry_out(rec, cmd)

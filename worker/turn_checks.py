@@ -16,7 +16,7 @@ from kernel.errors import InvalidInput, ReinsError, StoreError, UnsupportedSchem
 from kernel.events import CallModel, LookupEffect
 from kernel.record import ControlKind, Operation, SettlementOwner, TrajectoryRecord
 from kernel.states import LIVE, LifecycleState
-from router.turn_message import HandBackWhy, TurnMessage, WorkerCommand
+from router.wire.turns import HandBackWhy, TurnMessage, WorkerCommand
 from store.base import TrajectoryStore
 from worker.fleet_agents import TurnTools
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect, ToolResulted
 from kernel.record import TrajectoryRecord
 from kernel.tools import ToolKind
-from router.feed import CancelListener
+from router.wire.feed import CancelListener
 from worker import memory_tools
 from worker.backend import dispatch
 from worker.fleet_agents import TurnTools
 from worker.memory_tools import MemoryBackend
-from worker.providers.base import InflightCalls
+from worker.providers.base import InFlightCalls
 from worker.tool_gates import NoCapacity, ToolGates
 
 log = logging.getLogger("reins.worker.turn")
@@ -50,14 +50,19 @@ class CommandCarrier:
     def __init__(
         self,
         tools: TurnTools,
-        inflight: InflightCalls,
+        calls_in_flight: InFlightCalls,
         listener: CancelListener | None,
         clock: Callable[[], float],
         max_call_s: float = float("inf"),
         tool_gates: ToolGates | None = None,
         on_recall: Callable[[str, bool], None] | None = None,
     ) -> None:
-        self.tools, self.inflight, self.listener, self.clock = tools, inflight, listener, clock
+        self.tools, self.calls_in_flight, self.listener, self.clock = (
+            tools,
+            calls_in_flight,
+            listener,
+            clock,
+        )
         self.max_call_s = max_call_s
         self.tool_gates = tool_gates  # None: no tool's capacity is gated here
         self.on_recall = on_recall  # told whether each recall_facts found anything
@@ -72,7 +77,7 @@ class CommandCarrier:
 
     def call_model(self, rec: TrajectoryRecord, cmd: CallModel) -> tuple[Event, Metered]:
         """One model call, cancelable through its in-flight token while it runs."""
-        token = self.inflight.open(cmd.call_id)
+        token = self.calls_in_flight.open(cmd.call_id)
         try:
             if self.listener is not None and self.listener.recently_canceled(cmd.call_id):
                 token.set()  # the cancel came before the call: it ends before it is sent
@@ -80,7 +85,7 @@ class CommandCarrier:
             timeout = min(cmd.timeout_s, self.max_call_s)
             reply = model.call(cmd.view, cmd.max_output_tokens, timeout, cancel=token)
         finally:
-            self.inflight.close(cmd.call_id)
+            self.calls_in_flight.close(cmd.call_id)
         used = None
         if reply.usage is not None:
             u = reply.usage

@@ -16,9 +16,10 @@ import threading
 from collections import deque
 from dataclasses import replace
 
-from router.custody import Custody
-from router.feed import Feed, Notice
-from router.turn_message import HandBack, HandBackWhy, TurnMessage
+from router.wire.custody import Custody
+from router.wire.feed import Feed
+from router.wire.notices import Notice
+from router.wire.turns import HandBack, HandBackWhy, TurnMessage
 from worker.leases import LeaseKeeper
 from worker.turn_commands import Metered
 

@@ -12,8 +12,8 @@ from kernel.errors import ControlFlow, InvalidInput
 from kernel.events import Command, Enqueue, Event, Finish, HoldForApproval
 from kernel.record import TrajectoryRecord
 from kernel.step import step
-from router.feed import Notice, NoticeKind
-from router.turn_message import TurnMessage
+from router.wire.notices import Notice, NoticeKind
+from router.wire.turns import TurnMessage
 from worker.turn_commands import Metered
 
 log = logging.getLogger("reins.worker.turn")

@@ -147,8 +147,8 @@ class RedisState(StoreState):
     ) -> None:
         self.r, self.p = client, f"{prefix}:store"
         self.deduplicate = deduplicate
-        lookup_lua = (Path(__file__).parent / "lookup.lua").read_text(encoding="utf-8")
-        self._lookup = client.register_script(lookup_lua)
+        # A backend of its own, not reins: its one script is sent whole (EVAL) each time.
+        self._lookup_lua = (Path(__file__).parent / "lookup.lua").read_text(encoding="utf-8")
         if seed:
             for oid, order in SEED_ORDERS.items():
                 self.r.set(f"{self.p}:order:{oid}", json.dumps(order), nx=True)
@@ -158,9 +158,8 @@ class RedisState(StoreState):
         return json.loads(raw) if raw is not None else None
 
     def lookup(self, key: str, tool: str, fence: int) -> dict[str, Any] | None:
-        raw = self._lookup(
-            keys=[f"{self.p}:fence:{key}", f"{self.p}:done:{key}"], args=[fence, tool]
-        )
+        keys = (f"{self.p}:fence:{key}", f"{self.p}:done:{key}")
+        raw = self.r.eval(self._lookup_lua, 2, *keys, fence, tool)
         return json.loads(raw) if raw is not None else None
 
     def write_once(

@@ -22,12 +22,13 @@ from redis.exceptions import RedisError
 
 from kernel.errors import ReinsError, SubmissionRefused
 from kernel.settings import Settings
-from router.admitter import Admitter
-from router.fairness import jain_index
-from router.gates import GateConfig
-from router.redis_admitter import Claim, RedisAdmitter
-from router.redis_gates import RedisGates
-from router.tenants import AdmissionConfig
+from router.admission.claims import EndedTurn, ReturningCall
+from router.admission.fairness import jain_index
+from router.admission.gates import GateConfig
+from router.admission.local import Admitter
+from router.admission.redis.admitter import Claim, RedisAdmitter
+from router.admission.redis.gates import RedisGates
+from router.admission.tenants import AdmissionConfig
 from store.redis_client import client_from_url
 
 # --- part 1: backlogged tenants -------------------------------------------------------------
@@ -436,9 +437,11 @@ def _redis_worker(
             admitter.confirm_many(claims)
         if not claims:  # every call is claimed by the others this instant
             continue
-        admitter.release_many((c.call.tenant, c.call.trajectory_id, c.claim_id) for c in claims)
+        admitter.release_many(
+            EndedTurn(c.call.tenant, c.call.trajectory_id, c.claim_id) for c in claims
+        )
         admitter.requeue_many(
-            (
+            ReturningCall(
                 c.call.tenant,
                 c.call.trajectory_id,
                 c.call.input_tokens,

@@ -4,7 +4,7 @@ through the router's in-process API, and how soon a commit's event reaches an SS
 One API process (``reins api``) on a free loopback port, the machine's Redis, a unique key
 prefix (deleted afterwards). ``api_submits_per_s``: 8 client threads, each with its own
 keep-alive connection, submit jobs; ``direct_submits_per_s``: 8 threads submit the same jobs through
-:class:`router.submit.RouterApi` in this process; the two alternate over three rounds (the
+:class:`router.process.submit.RouterApi` in this process; the two alternate over three rounds (the
 machine is shared: a neighbour's load hits both alike), each figure is the median of its
 rounds, and ``ratio`` the median of the rounds' quotients.
 ``event_p99_ms``: a client follows one trajectory's events while this process commits rows to
@@ -34,10 +34,10 @@ from api.client import ReinsClient
 from api.keys import KeyRing, Scope
 from kernel.chain import ChainRow, RowKind
 from kernel.settings import Settings
-from ops.fleet_local import LocalFleet, wait_for
-from router import fleet_config
-from router.feed import Feed
-from router.submit import RouterApi
+from ops.local.fleet import LocalFleet, wait_for
+from router.fleet import config as fleet_config
+from router.process.submit import RouterApi
+from router.wire.feed import Feed
 from store.redis_store import RedisStore
 
 AGENT = "examples.support_store:agent"

@@ -30,9 +30,11 @@ from kernel.budget import Budget
 from kernel.errors import InvalidInput
 from kernel.settings import Settings
 from kernel.states import TERMINAL, StopReason
-from ops.fleet_local import LocalFleet, process_cpu_s, wait_for
-from router.amqp_wire import delete_queues
-from router.broker import (
+from ops.local.fleet import LocalFleet, process_cpu_s, wait_for
+from router.process.service import SEND_BURST, RouterOptions, RouterService
+from router.process.submit import RouterApi
+from router.wire.amqp import delete_queues
+from router.wire.broker import (
     NOOP_TASK,
     BrokerKind,
     broker_keyprefix,
@@ -42,10 +44,8 @@ from router.broker import (
     noops_key,
     queue_for,
 )
-from router.feed import Feed
-from router.service import SEND_BURST, RouterOptions, RouterService
-from router.submit import RouterApi
-from router.wire import publisher_for
+from router.wire.feed import Feed
+from router.wire.publishers import publisher_for
 from store.redis_client import text
 
 TENANTS = ("acme", "globex", "initech")

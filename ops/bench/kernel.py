@@ -11,6 +11,8 @@ import importlib.metadata as md
 import time
 from typing import Any, TypedDict
 
+from store.in_process import InProcessStore
+
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import PLAN, RefundPolicy
@@ -18,7 +20,6 @@ from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
-from store.memory import MemoryStore
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel
 
@@ -27,7 +28,7 @@ EFFECTS = [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
 TOOL_CALLS = ["get_order", "issue_refund", "send_status_email"]
 
 
-def reins_once(ctx: KernelContext, store: MemoryStore, i: int) -> None:
+def reins_once(ctx: KernelContext, store: InProcessStore, i: int) -> None:
     """One scenario-A trajectory, every step committed to the store as bytes."""
     backend = SupportStoreBackend()
 
@@ -150,7 +151,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     rounds, per_round = (2, 20) if quick else (6, 150)
     ctx = KernelContext(make_agent().profile)
     graph = build_graph()
-    store = MemoryStore()
+    store = InProcessStore()
     reins_s = lang_s = 0.0
     n = 0
     reins_once(ctx, store, -1)  # warm both sides

@@ -23,8 +23,8 @@ from importlib import metadata
 from xxhash import xxh64_intdigest
 
 from kernel.errors import InvalidInput
-from router.heap import return_large_blocks
-from router.ring import DEFAULT_POINTS_PER_WEIGHT, Member, Ring
+from router.placement.ring import DEFAULT_POINTS_PER_WEIGHT, Member, Ring
+from router.process.heap import return_large_blocks
 
 MEMBERS = 20
 KEYS = 200_000
@@ -112,7 +112,7 @@ def _at_scale(members: int, keys: list[str]) -> dict[str, object]:
     """Build a ring of ``members`` from scratch, then time joins and leaves as a router applies
     them (:meth:`Ring.evolved`, the ring before each change kept until the new one is swapped
     in); milliseconds of this process's CPU, the median of the joins and leaves."""
-    return_large_blocks()  # as the router does (router/heap.py)
+    return_large_blocks()  # as the router does (router/process/heap.py)
     names = [f"worker-{i:04d}" for i in range(members)]
     started = time.process_time()
     ring = Ring(Member(name) for name in names)

@@ -1,15 +1,15 @@
 """``reins bench scale``: one router replica's scheduling core at fleet scale, simulated.
 
-The router's own ring (:class:`~router.ring.Ring`, changed as a router changes it), admitter
-(:class:`~router.admitter.Admitter`, 10,000 weighted tenants) and placement
-(:func:`~router.dispatch.placement_key` and the ring lookup the dispatcher makes) run against
-1,000 simulated workers and a simulated model: a discrete-event clock (a heap of events), no
-Celery, no sleeping. Each admission is placed on its worker; a worker runs a few turns at once
-and queues the rest; a finished turn brings its trajectory back READY until its last turn.
-Every few simulated minutes a worker leaves and another joins (the ring changes as
-``ReplicaRing.refresh`` changes it). The router's CPU is timed section by section; then the
-shared admitter's scripts are timed against the real Redis to say how many replicas its one
-slot carries. The method is described in ``docs/benchmarks.md``.
+The router's own ring (:class:`~router.placement.ring.Ring`, changed as a router changes it),
+admitter (:class:`~router.admission.local.Admitter`, 10,000 weighted tenants) and placement
+(:func:`~router.process.dispatch.placement_key` and the ring lookup the dispatcher makes) run
+against 1,000 simulated workers and a simulated model: a discrete-event clock (a heap of events), no
+Celery, no sleeping. Each admission is placed on its worker; a worker runs a few turns at once and
+queues the rest; a finished turn brings its trajectory back READY until its last turn. Every few
+simulated minutes a worker leaves and another joins (the ring changes as ``ReplicaRing.refresh``
+changes it). The router's CPU is timed section by section; then the shared admitter's scripts are
+timed against the real Redis to say how many replicas its one slot carries. The method is described
+in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ from redis.exceptions import RedisError
 
 from kernel.errors import ReinsError, SubmissionRefused
 from kernel.settings import Settings
-from router.admitter import Admitter
-from router.dispatch import placement_key
-from router.heap import return_large_blocks
-from router.redis_admitter import RedisAdmitter
-from router.ring import Member, Ring
-from router.tenants import AdmissionConfig
+from router.admission.claims import ReturningCall
+from router.admission.local import Admitter
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.tenants import AdmissionConfig
+from router.placement.ring import Member, Ring
+from router.process.dispatch import placement_key
+from router.process.heap import return_large_blocks
 from store.redis_client import client_from_url
 
 WORKERS = 1_000
@@ -65,7 +66,7 @@ def run(quick: bool = False, trajectories: int | None = None) -> dict[str, objec
     count = default if trajectories is None else trajectories
     if count < 1:
         raise ValueError(f"trajectories must be at least 1, got {count}")
-    return_large_blocks()  # as the router does (router/heap.py)
+    return_large_blocks()  # as the router does (router/process/heap.py)
     result: dict[str, object] = {"quick": quick, **_Simulation(count).run()}
     result.update(_redis_cost())
     # How many replicas the one slot carries: each replica admitting at its full CPU rate, and
@@ -340,8 +341,8 @@ def _redis_run(url: str, depths: bool, suffix: str, target: int) -> dict[str, ob
             claims = admitter.claim_many(REDIS_BATCH, 1, depths=depths).claims
             admitter.confirm_many(claims)
             admitter.requeue_many(
-                (c.call.tenant, c.call.trajectory_id, c.call.input_tokens,
-                 c.call.output_allowance, None, None)
+                ReturningCall(c.call.tenant, c.call.trajectory_id, c.call.input_tokens,
+                              c.call.output_allowance, None, None)
                 for c in claims
             )  # fmt: skip
             after = _evalsha(client)

@@ -2,7 +2,7 @@
 
 Side by side on the Redis of ``REINS_REDIS_URL`` with the same clients, and the embedded SQLite
 store beside them; with ``--cluster``, on a three-master Redis Cluster the bench starts itself
-(:mod:`ops.cluster_local`), through a ``RedisCluster`` client. The fields and the method are
+(:mod:`ops.local.cluster`), through a ``RedisCluster`` client. The fields and the method are
 described in ``docs/benchmarks.md``.
 """
 
@@ -27,7 +27,7 @@ from kernel.record import PlanStep, TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import LifecycleState
 from ops.bench.store_paging import paging_figures
-from ops.cluster_local import LocalCluster
+from ops.local.cluster import LocalCluster
 from store.base import Commit, TrajectoryStore, prepare_commit
 from store.redis_client import client_from_url, is_cluster
 from store.redis_keys import COMMITS_KEPT

@@ -16,8 +16,8 @@ from api.front import Front
 from api.keys import KeyRing, Scope
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
-from ops.fleet_local import LocalFleet
-from router import fleet_config
+from ops.local.fleet import LocalFleet
+from router.fleet import config as fleet_config
 from tests.api.processes import fleet_env, start_api
 from tests.conftest import REDIS_URL
 

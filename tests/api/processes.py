@@ -7,11 +7,11 @@ import socket
 
 import httpx
 
-from ops.fleet_local import LocalFleet
+from ops.local.fleet import LocalFleet
 from tests.conftest import REDIS_URL
 from tests.support import wait_for
 
-BACKEND = "ops.cli_fleet:support_store_redis"
+BACKEND = "ops.cli.fleet:support_store_redis"
 
 
 def fleet_env(prefix: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from api.keys import KeyRing
-from ops.fleet_local import ROOT
+from ops.local.fleet import ROOT
 from tests.api.conftest import fleet_toml
 from tests.conftest import REDIS_URL
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.redis
 def reins(prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REINS_")}
     env.update({"REINS_KEY_PREFIX": prefix, "REINS_REDIS_URL": REDIS_URL, "COLUMNS": "200"})
-    code = "from ops.cli import main; main()"
+    code = "from ops.cli.main import main; main()"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=ROOT,

@@ -12,8 +12,8 @@ import redis
 from kernel.budget import Budget
 from kernel.errors import ConfigError
 from kernel.record import TrajectoryRecord
-from router import fleet_config
-from router.fleet_config import ConfigSource
+from router.fleet import config as fleet_config
+from router.fleet.config import ConfigSource
 from store.redis_store import RedisStore
 from tests.api.conftest import AGENT, fleet_toml
 from worker.allowed import AgentNotAllowed, AllowListedStore

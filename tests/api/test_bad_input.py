@@ -146,7 +146,7 @@ def test_a_trajectory_unchanged_since_its_etag_is_a_304(http: TestClient, keys: 
 def test_a_full_backlog_is_a_429_to_retry(
     http: TestClient, keys: Keys, redis_client: redis.Redis, key_prefix: str, fleet_file: Path
 ) -> None:
-    from router import fleet_config
+    from router.fleet import config as fleet_config
 
     data = fleet_config.read_file(fleet_file)
     data["tenants"][0]["max_ready"] = 1

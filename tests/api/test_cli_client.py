@@ -11,7 +11,7 @@ import sys
 import pytest
 import redis
 
-from ops.fleet_local import ROOT
+from ops.local.fleet import ROOT
 from tests.api.conftest import AGENT, Keys
 from tests.conftest import REDIS_URL
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.redis
 def reins(url: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REINS_")}
     env.update({"REINS_API_URL": url, "REINS_API_KEY": key, "COLUMNS": "200"})
-    code = "from ops.cli import main; main()"
+    code = "from ops.cli.main import main; main()"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=ROOT,
@@ -77,7 +77,7 @@ def test_top_and_an_operators_direct_control_write_no_configuration(
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("REINS_")}
     env.update({"REINS_KEY_PREFIX": key_prefix, "REINS_REDIS_URL": REDIS_URL})
-    code = "from ops.cli import main; main()"
+    code = "from ops.cli.main import main; main()"
     direct = subprocess.run(
         [sys.executable, "-c", code, "control", "acme", tid, "pause"],
         cwd=ROOT,

@@ -13,9 +13,10 @@ from api.client import Event, ReinsClient
 from examples.support_store.state import RedisState
 from kernel.budget import Budget
 from kernel.record import TrajectoryRecord
-from ops.fleet_local import LocalFleet
-from router import fleet_config
-from router.feed import Feed, ready_notice
+from ops.local.fleet import LocalFleet
+from router.fleet import config as fleet_config
+from router.wire.feed import Feed
+from router.wire.notices import ready_notice
 from store.redis_store import RedisStore
 from tests.api.conftest import Keys, fleet_toml
 from tests.api.held import refund_body

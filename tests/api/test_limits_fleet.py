@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from kernel.states import LifecycleState
-from ops.fleet_local import LocalFleet
+from ops.local.fleet import LocalFleet
 from store.redis_store import RedisStore
 from tests.api.conftest import AGENT, Keys
 from tests.api.processes import start_fleet
@@ -38,7 +38,7 @@ def test_a_trial_on_the_fleet_measures_each_cap_as_a_policy(
         [
             sys.executable,
             "-c",
-            "from ops.cli import main; main()",
+            "from ops.cli.main import main; main()",
             "limits",
             "trial",
             AGENT,

@@ -8,7 +8,7 @@ import redis
 from fastapi.testclient import TestClient
 
 from kernel.record import TrajectoryRecord
-from router.membership import Membership
+from router.placement.membership import Membership
 from tests.api.conftest import Keys
 
 pytestmark = pytest.mark.redis

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from api.client import ReinsClient
-from ops.fleet_local import ROOT
+from ops.local.fleet import ROOT
 from tests.api.processes import free_port
 from tests.conftest import REDIS_URL
 from tests.support import wait_for
@@ -48,7 +48,7 @@ def test_reins_up_serves_a_job_and_ctrl_c_stops_what_it_started(
             "PYTHONPATH": str(ROOT),
         }
     )
-    code = "from ops.cli import main; main()"
+    code = "from ops.cli.main import main; main()"
     args = ["up", "--port", str(port), "--home", str(home)]
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(

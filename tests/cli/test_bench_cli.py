@@ -7,7 +7,7 @@ import sys
 
 
 def reins(*args: str) -> subprocess.CompletedProcess[str]:
-    code = "from ops.cli import main; main()"
+    code = "from ops.cli.main import main; main()"
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
     )

@@ -14,10 +14,11 @@ import typer
 from typer.testing import CliRunner
 
 from kernel.events import CallModel
-from ops import cli_doctor
-from router.feed import Feed, Notice, NoticeKind
-from router.streams import FIELD
-from router.turn_message import HandBack, HandBackWhy, TurnMessage
+from ops.cli import doctor as cli_doctor
+from router.wire.feed import Feed
+from router.wire.notices import Notice, NoticeKind
+from router.wire.streams import FIELD
+from router.wire.turns import HandBack, HandBackWhy, TurnMessage
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.redis
@@ -110,7 +111,7 @@ def test_an_untouched_feed_has_nothing_to_show(doctor: typer.Typer) -> None:
 def test_no_redis_is_one_error_line_saying_what_to_do() -> None:
     env = {**os.environ, "REINS_REDIS_URL": "redis://127.0.0.1:1/0", "COLUMNS": "400"}
     p = subprocess.run(
-        [sys.executable, "-c", "from ops.cli import main; main()", "doctor", "--json"],
+        [sys.executable, "-c", "from ops.cli.main import main; main()", "doctor", "--json"],
         capture_output=True,
         text=True,
         timeout=60,

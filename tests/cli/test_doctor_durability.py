@@ -10,7 +10,7 @@ import redis
 import typer
 from typer.testing import CliRunner
 
-from ops.redis_durability import durability_warnings, read_durability
+from ops.cli.durability import durability_warnings, read_durability
 from store.redis_client import text
 from tests.cli.test_doctor_cli import doctor  # noqa: F401 - the fixture
 

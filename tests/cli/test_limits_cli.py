@@ -21,8 +21,8 @@ from examples.support_store.policies import RefundPolicy
 from kernel.budget import Budget
 from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
-from ops.limits_sources import Filter, from_store
-from ops.limits_stats import Dim
+from ops.limits.sources import Filter, from_store
+from ops.limits.stats import Dim
 from store.base import TrajectoryStore
 from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
@@ -35,7 +35,7 @@ TASKS = Path(__file__).resolve().parents[2] / "examples" / "support_store" / "ta
 
 def reins(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from ops.cli import main; main()", *args],
+        [sys.executable, "-c", "from ops.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -263,7 +263,7 @@ def test_the_api_view_is_a_source() -> None:
     """What the fleet's API shows of a finished run gives the same outcome as its record (the
     API does not show active seconds, so that dimension is absent, not zero)."""
     from api.views import trajectory_of
-    from ops.limits_sources import from_api, outcome_of_record
+    from ops.limits.sources import from_api, outcome_of_record
 
     budget = Budget(max_steps=8)
     ctx = KernelContext(make_agent(budget=budget).profile)

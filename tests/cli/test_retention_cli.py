@@ -20,9 +20,9 @@ from kernel.chain import ChainRow
 from kernel.errors import InvalidInput, UnknownTenant
 from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState
-from ops import cli_retention
-from router import fleet_config
-from router.retention import DAY_S
+from ops.cli import retention as cli_retention
+from router.fleet import config as fleet_config
+from router.process.retention import DAY_S
 from store.redis_client import client_from_url
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL

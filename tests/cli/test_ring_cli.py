@@ -18,11 +18,11 @@ import redis
 from typer.testing import CliRunner
 
 from kernel.errors import StoreError
-from ops.cli_ring import ring_app
-from ops.ring_view import MemberRow, Recovery, ShownState, member_rows
-from router.custody import Custody
-from router.membership import DrainStatus, MemberRecord, Membership, ReplicaRing
-from router.ring import Member, Ring
+from ops.cli.ring import ring_app
+from ops.cli.ring_view import MemberRow, Recovery, ShownState, member_rows
+from router.placement.membership import DrainStatus, MemberRecord, Membership, ReplicaRing
+from router.placement.ring import Member, Ring
+from router.wire.custody import Custody
 from tests.conftest import REDIS_URL
 
 
@@ -201,7 +201,7 @@ def test_unreachable_redis_is_one_error_line() -> None:
     # Wide enough that rich does not wrap the one line it prints.
     env = {**os.environ, "REINS_REDIS_URL": "redis://127.0.0.1:1/0", "COLUMNS": "400"}
     p = subprocess.run(
-        [sys.executable, "-c", "from ops.cli import main; main()", "ring", "show", "--json"],
+        [sys.executable, "-c", "from ops.cli.main import main; main()", "ring", "show", "--json"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -17,7 +17,7 @@ STORE_DIR = tempfile.mkdtemp(prefix="reins-cli-")  # the embedded store, outside
 def reins(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "REINS_SQLITE_PATH": os.path.join(STORE_DIR, "reins.db")}
     return subprocess.run(
-        [sys.executable, "-c", "from ops.cli import main; main()", *args],
+        [sys.executable, "-c", "from ops.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=120,

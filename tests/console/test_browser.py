@@ -18,7 +18,7 @@ from selenium.webdriver.common.keys import Keys as Key
 
 from api.client import ReinsClient
 from examples.support_store.state import RedisState
-from ops.fleet_local import LocalFleet
+from ops.local.fleet import LocalFleet
 from store.redis_store import RedisStore
 from tests.api.conftest import Keys
 from tests.api.held import refund_body

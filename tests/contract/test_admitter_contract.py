@@ -1,5 +1,5 @@
-"""The admitter contract (router/admission.py): every test runs on memory, on the real Redis and
-on a real three-master Redis Cluster (where a script touching two slots fails with CROSSSLOT).
+"""The admitter contract (router/admission/queue.py): every test runs on memory, on the real Redis
+and on a real three-master Redis Cluster (where a script touching two slots fails with CROSSSLOT).
 
 The last test drives both implementations in lockstep through random operations and asserts
 they admit the same calls and hold the same credits and depths after every step.
@@ -21,12 +21,12 @@ from redis.crc import key_slot
 from kernel.budget import Budget
 from kernel.errors import StaleNomination, SubmissionRefused, UnknownTenant
 from kernel.states import StopReason
-from router.admission import AdmissionQueue
-from router.admitter import Admitter, FinalizeNow
-from router.gates import GateConfig
-from router.redis_admitter import RedisAdmitter
-from router.redis_gates import RedisGates
-from router.tenants import AdmissionConfig
+from router.admission.gates import GateConfig
+from router.admission.local import Admitter
+from router.admission.queue import AdmissionQueue, FinalizeNow
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.redis.gates import RedisGates
+from router.admission.tenants import AdmissionConfig
 
 REDIS_KINDS = [
     pytest.param("redis", marks=pytest.mark.redis),

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from store.in_process import InProcessStore
 
 from kernel.errors import ConcurrentModification, SnapshotNotFound
 from kernel.record import OpStatus, TrajectoryRecord
 from kernel.states import LifecycleState
-from router.retention import DAY_S, RetentionSweep
+from router.process.retention import DAY_S, RetentionSweep
 from store.base import Retirement, TrajectoryStore
-from store.memory import MemoryStore
 from store.redis_client import client_from_url
 from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
@@ -44,7 +44,7 @@ class Backend:
 
 
 def _memory() -> Backend:
-    store = MemoryStore()
+    store = InProcessStore()
 
     def leftovers(tenant: str, tid: str) -> list[str]:
         found = [] if (tenant, tid) not in store._trajectories else ["record"]
@@ -261,7 +261,7 @@ def test_the_sweep_reads_a_bounded_page_per_pass_and_misses_nothing(backend: Bac
 
 
 def test_the_sweep_runs_once_every_every_s() -> None:
-    store = MemoryStore()
+    store = InProcessStore()
     finish(store, "t1", at=0.0)
     now = [NOW]
     sweep = RetentionSweep(store, ("acme",), lambda t: KEEP_S, lambda: now[0], every_s=10.0)

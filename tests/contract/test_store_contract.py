@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from store.in_process import InProcessStore
 
 from kernel.errors import (
     ConcurrentModification,
@@ -30,7 +31,6 @@ from kernel.errors import (
 from kernel.record import OpStatus
 from kernel.states import LifecycleState
 from store.base import TrajectoryStore, prepare_commit
-from store.memory import MemoryStore
 from store.redis_client import client_from_url
 from store.redis_keys import COMMITS_KEPT
 from store.redis_store import RedisStore
@@ -67,7 +67,7 @@ class Backend:
 
 
 def _memory() -> Backend:
-    store = MemoryStore()
+    store = InProcessStore()
 
     def raw(tenant: str, tid: str) -> bytes | None:
         found = store._trajectories.get((tenant, tid))

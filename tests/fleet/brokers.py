@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 import pytest
 
 from kernel.settings import Settings
-from router.amqp_wire import connect, delete_queues
-from router.broker import BrokerKind, broker_kind, celery_queue
+from router.wire.amqp import connect, delete_queues
+from router.wire.broker import BrokerKind, broker_kind, celery_queue
 
 AMQP_URL = os.environ.get("REINS_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 

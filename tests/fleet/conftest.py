@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.fleet_local import LocalFleet
+from ops.local.fleet import LocalFleet
 from tests.conftest import REDIS_URL
 from tests.fleet.brokers import AMQP_URL, delete_member_queues, require_rabbitmq
 from tests.fleet.harness import InProcessFleet

@@ -19,17 +19,18 @@ from kernel.agent import AgentModule
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.tools import ToolBackend
-from router.agents import AgentCache
-from router.custody import Custody
-from router.gates import GateConfig
-from router.membership import Membership
-from router.observe import RouterObserver
-from router.redis_gates import RedisGates
-from router.service import AdmitterKind, RouterOptions, RouterService
-from router.turn_message import TurnMessage
+from router.admission.gates import GateConfig
+from router.admission.redis.gates import RedisGates
+from router.fleet.agents import AgentCache
+from router.fleet.observe import RouterObserver
+from router.placement.membership import Membership
+from router.process.service import AdmitterKind, RouterOptions, RouterService
+from router.wire.custody import Custody
+from router.wire.turns import TurnMessage
 from tests.conftest import REDIS_URL
 from worker.fleet_agents import ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
+from worker.leases import LeaseKeeper
 from worker.turn import TurnObserver, TurnReport, TurnRunner
 
 AGENT = "examples.support_store:agent_lookup"
@@ -75,7 +76,8 @@ def submit_refunds(api: Submits, orders: list[str], tenants: list[str]) -> list[
 
 
 class _Observer(RouterObserver, TurnObserver):
-    """What watches the router and the worker of one process (``ops.metrics.Metrics``)."""
+    """What watches the router and the worker of one process
+    (``ops.observability.metrics.Metrics``)."""
 
 
 class InProcessFleet:
@@ -92,6 +94,7 @@ class InProcessFleet:
         gates_file: str = "",
         observer: _Observer | None = None,
         follow_on_turns: int | None = None,
+        leases: LeaseKeeper | None = None,
     ) -> None:
         self.client, self.prefix = client, prefix
         env = {
@@ -148,6 +151,7 @@ class InProcessFleet:
             observer=observer,
             custody=self.custody if self.follow_on is not None else None,
             follow_on=self.follow_on,
+            leases=leases,
         )
         self.reports: list[TurnReport] = []
 

@@ -1,7 +1,7 @@
 """Running the fleet's real processes from a test: start, submit, wait, measure, stop.
 
 The test process plays the router's trusted caller (the HTTP API of a later issue): it submits
-and sends control requests through :class:`router.submit.RouterApi`, on the same Redis.
+and sends control requests through :class:`router.process.submit.RouterApi`, on the same Redis.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import redis
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import TERMINAL
-from ops.fleet_local import LocalFleet
-from router.feed import Feed
-from router.service import AdmitterKind, RouterOptions, RouterService
-from router.submit import RouterApi
+from ops.local.fleet import LocalFleet
+from router.process.service import AdmitterKind, RouterOptions, RouterService
+from router.process.submit import RouterApi
+from router.wire.feed import Feed
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.support import wait_for
 
-BACKEND = "ops.cli_fleet:support_store_redis"
+BACKEND = "ops.cli.fleet:support_store_redis"
 
 
 def start(

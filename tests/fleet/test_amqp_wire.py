@@ -1,7 +1,7 @@
 """The wire on the machine's RabbitMQ: the publisher, the member queues, and broker faults.
 
 One contract with the Redis path (``test_publisher.py``): a message from
-:class:`router.amqp_wire.AmqpPublisher` is the one Celery's ``send_task`` writes, and a drain
+:class:`router.wire.amqp.AmqpPublisher` is the one Celery's ``send_task`` writes, and a drain
 takes turns back out oldest first. Member queues are durable quorum queues named under the
 test's key prefix (deleted after each test). A flush returns only once the broker confirmed
 everything; when it cannot (the broker out of reach, a confirm lost on the way back, a closed
@@ -23,7 +23,7 @@ import pytest
 
 from kernel.errors import StoreUnavailable
 from kernel.settings import Settings
-from router.amqp_wire import (
+from router.wire.amqp import (
     QUEUE_EXPIRES_MS,
     AmqpPublisher,
     AmqpQueue,
@@ -34,9 +34,9 @@ from router.amqp_wire import (
     probe_queue,
     server_version,
 )
-from router.broker import NOOP_TASK, TURN_TASK, celery_queue, make_app, turn_repr
-from router.wire import AmqpMemberQueue
-from router.wire import member_queue as queue_of_member
+from router.wire.broker import NOOP_TASK, TURN_TASK, celery_queue, make_app, turn_repr
+from router.wire.publishers import AmqpMemberQueue
+from router.wire.publishers import member_queue as queue_of_member
 from tests.fleet.brokers import AMQP_URL, require_rabbitmq
 from tests.support.proxy import BlackHoleProxy
 

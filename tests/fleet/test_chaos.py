@@ -25,8 +25,8 @@ import redis
 from examples.support_store.state import RedisState
 from kernel.record import TrajectoryRecord
 from kernel.states import TERMINAL, StopReason
-from ops.fleet_local import LocalFleet
-from router.custody import Custody
+from ops.local.fleet import LocalFleet
+from router.wire.custody import Custody
 from store.redis_store import RedisStore
 from tests.fleet.brokers import delete_member_queues
 from tests.fleet.conftest import BROKERS, WEIGHTS

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-from ops.fleet_local import LocalFleet
-from router.feed import Feed
+from ops.local.fleet import LocalFleet
+from router.wire.feed import Feed
 from tests.fleet.documents import config_apply, fleet_document
 from tests.fleet.harness import refund_job, seed_orders
 from tests.fleet.processes import caller_api, start, stop_all

@@ -21,8 +21,8 @@ import redis
 
 from examples.support_store.state import RedisState
 from kernel.states import TERMINAL, StopReason
-from ops.fleet_local import LocalFleet
-from router.custody import Custody
+from ops.local.fleet import LocalFleet
+from router.wire.custody import Custody
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.fleet.conftest import WEIGHTS

@@ -21,9 +21,9 @@ import pytest
 import redis
 
 from kernel.settings import Settings
-from ops import dashboard
-from ops.fleet_local import LocalFleet
-from router.broker import broker_keyprefix, queue_for
+from ops.local.fleet import LocalFleet
+from ops.observability import dashboard
+from router.wire.broker import broker_keyprefix, queue_for
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import refund_job, seed_orders, submit_refunds

@@ -9,8 +9,8 @@ import redis
 
 from kernel.errors import StaleNomination
 from kernel.states import LifecycleState, StopReason
-from router.fifo import FifoAdmitter
-from router.tenants import AdmissionConfig
+from router.admission.fifo import FifoAdmitter
+from router.admission.tenants import AdmissionConfig
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 
 pytestmark = pytest.mark.redis
@@ -112,8 +112,8 @@ def test_fifo_admits_in_arrival_order_across_tenants(tenants_file: Path) -> None
 
 
 def test_a_call_that_can_never_be_admitted_is_finalized_at_once(inproc: InProcessFleet) -> None:
-    from router.admitter import FinalizeNow
-    from router.feed import Notice, NoticeKind
+    from router.admission.queue import FinalizeNow
+    from router.wire.notices import Notice, NoticeKind
 
     oid = seed_orders(inproc.client, inproc.prefix, 400, 1)[0]
     tid = inproc.api.submit("acme", refund_job(oid)).trajectory_id

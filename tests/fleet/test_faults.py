@@ -1,6 +1,6 @@
 """Faults on real processes and the real Redis: nothing is stranded, nothing runs twice.
 
-Each test starts routers and Celery workers as processes (``ops.fleet_local``), submits refunds,
+Each test starts routers and Celery workers as processes (``ops.local.fleet``), submits refunds,
 injects one fault from outside (a black-holed Redis connection, a worker SIGKILLed and started
 again under its name, a worker whose consumer is wedged while its heartbeat goes on, the notice
 feed destroyed under load) and ends with every trajectory terminal, the support store's effects
@@ -28,11 +28,11 @@ import redis
 
 from examples.support_store.state import RedisState
 from kernel.states import TERMINAL
-from ops.fleet_local import LocalFleet
-from router.custody import Custody
-from router.feed import Feed
-from router.membership import Membership
-from router.streams import FIELD, dead_letters
+from ops.local.fleet import LocalFleet
+from router.placement.membership import Membership
+from router.wire.custody import Custody
+from router.wire.feed import Feed
+from router.wire.streams import FIELD, dead_letters
 from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.fleet.brokers import AMQP_URL, delete_member_queues, require_rabbitmq

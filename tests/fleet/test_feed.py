@@ -18,12 +18,13 @@ import redis
 
 from kernel.errors import StoreUnavailable
 from kernel.states import StopReason
-from ops.metrics import Metrics
-from router.feed import Feed, Notice, NoticeKind, ready_notice
-from router.membership import Membership
-from router.service import AdmitterKind, RouterOptions, RouterService
-from router.streams import FIELD, GROUP, GroupLag, dead_letters, pending_counts
-from router.turn_message import HandBack, HandBackWhy
+from ops.observability.metrics import Metrics
+from router.placement.membership import Membership
+from router.process.service import AdmitterKind, RouterOptions, RouterService
+from router.wire.feed import Feed
+from router.wire.notices import Notice, NoticeKind, ready_notice
+from router.wire.streams import FIELD, GROUP, GroupLag, dead_letters, pending_counts
+from router.wire.turns import HandBack, HandBackWhy
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 
 pytestmark = pytest.mark.redis
@@ -192,6 +193,41 @@ def test_a_poison_hand_back_goes_to_the_dead_letters_and_a_good_one_is_sent_on(
     assert "malformed hand-back" in dead.error
     assert redis_client.xlen(inproc.feed.handbacks_key) == 0
     assert pending_counts(redis_client, inproc.feed.handbacks_key) == {}
+
+
+# --- a rolling upgrade ------------------------------------------------------------------------
+
+
+def format_1(n: Notice) -> bytes:
+    """``n`` as the build before notices had a format wrote it: its fields in order in one
+    array, the trailing ones after ``used_tokens`` left out while at their defaults."""
+    fields = (
+        *(n.kind.value, n.tenant, n.trajectory_id, n.version, n.call_id, n.input_tokens),
+        *(n.output_allowance, n.at, n.route, n.lease, n.lease_route, n.used_tokens),
+        *(n.service_class, n.retry_after_s, n.rate_limits),
+    )
+    at = len(fields)
+    while at > 12 and fields[at - 1] in ("", -1.0, {}):
+        at -= 1
+    return json.dumps(fields[:at], separators=(",", ":")).encode()
+
+
+def test_notices_an_older_worker_wrote_by_position_are_acted_on(
+    inproc: InProcessFleet, redis_client: redis.Redis
+) -> None:
+    ids = stranded(inproc, 250, 4)
+    old = notices_of(inproc, ids[:2])
+    new = notices_of(inproc, ids[2:])
+    for n in old:  # written by a worker of the build before, while this router runs
+        redis_client.xadd(inproc.feed.notices_key, {FIELD: format_1(n)})
+    inproc.feed.push(*new)
+    raw = [fields[FIELD] for _, fields in redis_client.xrange(inproc.feed.notices_key)]
+    assert sum(r.startswith(b"[") for r in raw) == 2, "two positional, two by name"
+
+    inproc.run_until_quiet()
+    assert all_done(inproc, ids), states(inproc, ids)
+    one_refund_and_email_each(inproc)
+    assert dead_letters(redis_client, inproc.feed.dead_key, 10) == [], "none set aside"
 
 
 # --- taken, not acknowledged ---------------------------------------------------------------------

@@ -1,13 +1,12 @@
 """The durable feed on real processes: a router that dies between taking notices and requeueing
 them, or whose requeue fails, loses none of them.
 
-Real Redis, Celery workers w1 and w2 on the support store's shared backend, routers as
-``reins router`` processes on the shared admitter. Follow-on turns are off, so every turn that
-ends READY goes back through a router by its notice: a lost READY notice would leave its
-trajectory READY with no queue entry for ever, and the test would time out. The faults are the
-router's test-only hook (:mod:`ops.faults`). Each run ends with every trajectory terminal and
-at most one refund and one email per order, and prints the time to recovery (a figure, not
-asserted).
+Real Redis, Celery workers w1 and w2 on the support store's shared backend, routers as ``reins
+router`` processes on the shared admitter. Follow-on turns are off, so every turn that ends READY
+goes back through a router by its notice: a lost READY notice would leave its trajectory READY with
+no queue entry for ever, and the test would time out. The faults are the router's test-only hook
+(:mod:`tests.fleet.router_faults`). Each run ends with every trajectory terminal and at most one
+refund and one email per order, and prints the time to recovery (a figure, not asserted).
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ import pytest
 import redis
 
 from examples.support_store.state import RedisState
-from ops.faults import DIE_AFTER_READY_TAKES, FAULT_VAR, REQUEUE_RAISES
-from ops.fleet_local import LocalFleet
-from router.feed import Feed, Notice, NoticeKind
-from router.streams import FIELD, pending_counts, pending_entries
+from ops.local.fleet import LocalFleet
+from router.wire.feed import Feed
+from router.wire.notices import Notice, NoticeKind
+from router.wire.streams import FIELD, pending_counts, pending_entries
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds
@@ -35,6 +34,8 @@ from tests.fleet.processes import (
     stop_all,
     wait_all_ended,
 )
+from tests.fleet.router_faults import DIE_AFTER_READY_TAKES, FAULT_VAR, REQUEUE_RAISES
+from tests.fleet.router_faults import MODULE as faults_module
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -49,8 +50,11 @@ def boot(
     for w in ("w1", "w2"):
         fleet.start("worker", w, "--backend", BACKEND, env=EVERY_TURN_BY_NOTICE)
     for r in routers:
-        env = {**EVERY_TURN_BY_NOTICE, **({FAULT_VAR: fault} if r == faulty else {})}
-        fleet.start("router", r, "--admitter", "redis", env=env)
+        if r == faulty:
+            env = {**EVERY_TURN_BY_NOTICE, FAULT_VAR: fault}
+            fleet.start("router", r, "--admitter", "redis", env=env, module=faults_module)
+        else:
+            fleet.start("router", r, "--admitter", "redis", env=EVERY_TURN_BY_NOTICE)
     fleet.wait_ready(["w1", "w2"], list(routers))
 
 

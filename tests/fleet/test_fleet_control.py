@@ -21,11 +21,11 @@ import redis
 from kernel.events import CallModel
 from kernel.settings import Settings
 from kernel.states import LifecycleState
-from ops.fleet_local import LocalFleet
-from router.broker import make_app, send_turn
-from router.dispatch import placement_key
-from router.membership import Membership
-from router.turn_message import TurnMessage
+from ops.local.fleet import LocalFleet
+from router.placement.membership import Membership
+from router.process.dispatch import placement_key
+from router.wire.broker import make_app, send_turn
+from router.wire.turns import TurnMessage
 from store.redis_store import RedisStore
 from tests.fleet.harness import refund_job, seed_orders
 from tests.fleet.processes import caller_api, start, stop_all

@@ -1,9 +1,9 @@
 """Prometheus metrics of the fleet's own processes: what the router and the workers report.
 
 In process: a router service and a turn runner on the real Redis, both watched by one
-:class:`ops.metrics.Metrics`; every counter is checked against the ground truth in Redis (the
-admissions the router recorded, the execution chains, the records' stop reasons), so a commit
-site that reports twice, or not at all, fails. As processes: one worker and one router with
+:class:`ops.observability.metrics.Metrics`; every counter is checked against the ground truth in
+Redis (the admissions the router recorded, the execution chains, the records' stop reasons), so a
+commit site that reports twice, or not at all, fails. As processes: one worker and one router with
 ``REINS_METRICS_PORT`` set serve ``/metrics``, scraped over HTTP after their jobs ended.
 """
 
@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kernel.chain import RowKind
 from kernel.events import ReplyStatus
 from kernel.states import TERMINAL, LifecycleState, StopReason
-from ops import dashboard
-from ops.fleet_local import LocalFleet
-from ops.metrics import OTHER, TOOL_OUTCOMES, Metrics
+from ops.local.fleet import LocalFleet
+from ops.observability import dashboard
+from ops.observability.metrics import OTHER, TOOL_OUTCOMES, Metrics
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders, submit_refunds

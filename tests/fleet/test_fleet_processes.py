@@ -21,9 +21,9 @@ import redis
 
 from examples.support_store.state import RedisState
 from kernel.states import TERMINAL, StopReason
-from ops.fleet_local import LocalFleet
-from router.feed import Feed
-from router.membership import Membership
+from ops.local.fleet import LocalFleet
+from router.placement.membership import Membership
+from router.wire.feed import Feed
 from store.redis_store import RedisStore
 from tests.fleet.conftest import BROKERS, WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds
@@ -62,7 +62,7 @@ def run_jobs(
     if kill_a_worker:
         wait_admissions(feed, 250, 90)
         fleet.kill("w2")  # SIGKILL with turns in flight: no drain, no deregistration
-        fleet.start("worker", "w2", "--backend", "ops.cli_fleet:support_store_redis")
+        fleet.start("worker", "w2", "--backend", "ops.cli.fleet:support_store_redis")
     wait_all_ended(store, ids, 150, fleet)
     return store, ids, feed
 

@@ -18,11 +18,11 @@ import redis
 
 from examples.support_store.state import RedisState
 from kernel.states import LifecycleState, StopReason
-from router.claims import store_readiness
-from router.gates import GateConfig
-from router.redis_admitter import RedisAdmitter
-from router.redis_gates import RedisGates
-from router.tenants import AdmissionConfig
+from router.admission.gates import GateConfig
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.redis.claims import store_readiness
+from router.admission.redis.gates import RedisGates
+from router.admission.tenants import AdmissionConfig
 from tests.fleet.conftest import ROUTE
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.fleet.processes import effects_by_order, order_of

@@ -12,9 +12,9 @@ import pytest
 
 from kernel.events import CallModel, ModelReplied, ReplyStatus
 from kernel.states import LifecycleState, StopReason
-from router.commits import advance
-from router.feed import NoticeKind
-from router.observe import RouterObserver
+from router.fleet.commits import advance
+from router.fleet.observe import RouterObserver
+from router.wire.notices import NoticeKind
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 
 pytestmark = pytest.mark.redis

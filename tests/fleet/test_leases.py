@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from router.gates import GateConfig
-from router.redis_gates import RedisGates
-from router.turn_message import TurnMessage
+from router.admission.gates import GateConfig
+from router.admission.redis.gates import RedisGates
+from router.wire.turns import TurnMessage
 from tests.fleet.conftest import ROUTE
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.support import ManualClock
@@ -31,10 +31,16 @@ def gates_at(client: redis.Redis, prefix: str, clock: ManualClock) -> RedisGates
 
 
 def first_turn(
-    client: redis.Redis, prefix: str, tenants_file: Path, gates_file: Path, order: int
+    client: redis.Redis,
+    prefix: str,
+    tenants_file: Path,
+    gates_file: Path,
+    order: int,
+    leases: LeaseKeeper | None = None,
 ) -> tuple[InProcessFleet, TurnMessage]:
-    """An in-process fleet with one refund submitted and admitted: its first turn's message."""
-    fleet = InProcessFleet(client, prefix, tenants_file, gates_file=str(gates_file))
+    """An in-process fleet with one refund submitted and admitted: its first turn's message;
+    ``leases`` keeps its worker's gate leases alive."""
+    fleet = InProcessFleet(client, prefix, tenants_file, gates_file=str(gates_file), leases=leases)
     fleet.api.submit("acme", refund_job(seed_orders(client, prefix, order, 1)[0]))
     fleet.cycle()
     (msg,) = fleet.take()
@@ -79,13 +85,12 @@ def test_a_lease_the_gate_no_longer_holds_is_let_go(
 def test_a_turn_message_carries_its_lease_ttl_and_the_worker_lets_go_when_it_ends(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
-    fleet, msg = first_turn(redis_client, key_prefix, tenants_file, gates_file, 1100)
+    renewals = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
+    keeper = LeaseKeeper(renewals)
+    fleet, msg = first_turn(redis_client, key_prefix, tenants_file, gates_file, 1100, keeper)
     assert msg.lease and msg.route == ROUTE and msg.lease_ttl_s == 20.0  # conftest's gates
 
     held: list[list[str]] = []
-    renewals = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
-    keeper = LeaseKeeper(renewals)
-    fleet.runner.leases = keeper
     real_call = fleet.backend.call
 
     def call(*args: object, **kw: object) -> object:  # the tool runs while the turn is on
@@ -103,12 +108,11 @@ def test_a_turn_message_carries_its_lease_ttl_and_the_worker_lets_go_when_it_end
 def test_a_duplicate_message_leaves_the_running_turns_lease_alone(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
-    fleet, first = first_turn(redis_client, key_prefix, tenants_file, gates_file, 1200)
+    keeper = LeaseKeeper(RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix))
+    fleet, first = first_turn(redis_client, key_prefix, tenants_file, gates_file, 1200, keeper)
     fleet.runner.run(first)  # the plan: a model call alone
     fleet.cycle()
     (msg,) = fleet.take()  # its turn calls a tool too
-    keeper = LeaseKeeper(RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix))
-    fleet.runner.leases = keeper
     reading = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix).reading
     seen: list[tuple[str, list[str], int]] = []
     real_call = fleet.backend.call

@@ -21,7 +21,7 @@ from examples.support_store.state import RedisState
 from kernel.memory import MemoryKind, Scope
 from kernel.render import render
 from kernel.states import StopReason
-from ops.fleet_local import LocalFleet
+from ops.local.fleet import LocalFleet
 from store.memory_redis import RedisMemory
 from store.redis_store import RedisStore
 from tests.fleet.harness import seed_orders

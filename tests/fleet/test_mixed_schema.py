@@ -22,8 +22,8 @@ import redis
 from kernel.errors import SnapshotNotFound
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
-from router.membership import Membership
-from router.turn_message import TurnMessage
+from router.placement.membership import Membership
+from router.wire.turns import TurnMessage
 from store.base import Commit, decode_snapshot
 from store.redis_store import RedisStore
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders

@@ -19,9 +19,9 @@ import pytest
 from kernel.events import DispatchTool, LookupEffect
 from kernel.record import ControlKind, OpStatus, SettlementOwner
 from kernel.states import LifecycleState, StopReason
-from router.observe import RouterObserver
-from router.owed import OwedRuns
-from router.turn_message import TurnMessage
+from router.fleet.observe import RouterObserver
+from router.process.owed import OwedRuns
+from router.wire.turns import TurnMessage
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.support.clock import ManualClock
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from examples.support_store.policies import RefundPolicy
-from ops.fleet_local import LocalFleet
+from ops.local.fleet import LocalFleet
 from store.redis_store import RedisStore
 from tests.fleet.documents import config_apply, fleet_document
 from tests.fleet.harness import refund_job, seed_orders

@@ -20,7 +20,7 @@ from redis.retry import Retry
 
 from kernel.errors import StoreUnavailable
 from kernel.settings import Settings
-from router.broker import (
+from router.wire.broker import (
     NOOP_TASK,
     TURN_TASK,
     TaskPublisher,

@@ -19,11 +19,12 @@ from redis.retry import Retry
 from kernel.errors import StoreUnavailable
 from kernel.record import OpStatus
 from kernel.states import LifecycleState, StopReason
-from router.custody import Custody
-from router.feed import Feed, Notice
-from router.membership import Membership
-from router.reconcile import Reconciler
-from router.turn_message import TurnMessage
+from router.placement.membership import Membership
+from router.process.reconcile import Reconciler
+from router.wire.custody import Custody
+from router.wire.feed import Feed
+from router.wire.notices import Notice
+from router.wire.turns import TurnMessage
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from worker.turn import TurnRunner
 
@@ -31,12 +32,13 @@ pytestmark = pytest.mark.redis
 S = LifecycleState
 
 
-def runner_of(inproc: InProcessFleet, member: str) -> TurnRunner:
-    """A turn runner for ``member`` that releases its custody, as a fleet worker's does."""
+def runner_of(inproc: InProcessFleet, member: str, feed: Feed | None = None) -> TurnRunner:
+    """A turn runner for ``member`` that releases its custody, as a fleet worker's does (on
+    ``feed``, the fleet's unless given)."""
     return TurnRunner(
         store=inproc.store,
         tools=inproc.runner.tools,
-        feed=inproc.feed,
+        feed=feed or inproc.feed,
         worker=member,
         custody=inproc.service.custody,
     )
@@ -225,8 +227,7 @@ def test_a_turn_that_ended_ready_whose_notice_died_with_its_member_is_queued_aga
         def push(self, *notices: Notice, pipeline: Any = None) -> None:
             raise Killed
 
-    w1 = runner_of(inproc, "w1")
-    w1.feed = DiesAtTheNotice(inproc.client, inproc.prefix)
+    w1 = runner_of(inproc, "w1", DiesAtTheNotice(inproc.client, inproc.prefix))
     with pytest.raises(Killed):
         w1.run(msg)
     before = inproc.load("acme", tid)

@@ -19,9 +19,9 @@ import redis
 
 from examples.support_store.state import RedisState
 from kernel.states import TERMINAL, LifecycleState, StopReason
-from ops.fleet_local import LocalFleet
-from router.feed import Feed
-from router.submit import RouterApi
+from ops.local.fleet import LocalFleet
+from router.process.submit import RouterApi
+from router.wire.feed import Feed
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import refund_job, seed_orders, submit_refunds

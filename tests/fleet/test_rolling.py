@@ -26,10 +26,10 @@ import redis
 from examples.support_store.state import RedisState
 from kernel.record import OpStatus, TrajectoryRecord
 from kernel.states import StopReason
-from ops.fleet_local import LocalFleet
-from router.custody import Custody
-from router.feed import Feed
-from router.membership import Membership
+from ops.local.fleet import LocalFleet
+from router.placement.membership import Membership
+from router.wire.custody import Custody
+from router.wire.feed import Feed
 from store.redis_store import RedisStore
 from tests.fleet.conftest import BROKERS, WEIGHTS
 from tests.fleet.harness import refund_job, seed_orders

@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from kernel.states import StopReason
-from router.membership import Membership
-from router.turn_message import TurnMessage
+from router.placement.membership import Membership
+from router.wire.turns import TurnMessage
 from store.redis_store import RedisStore
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.fleet.test_mixed_schema import CURRENT, NEXT, NextBuildStore

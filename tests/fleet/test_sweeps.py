@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from kernel.states import LifecycleState, StopReason
-from router.stranded import StrandedTurns
-from router.sweeps import IndexCursor, ReadySweep
-from router.ticker import Ticker
+from router.process.stranded import StrandedTurns
+from router.process.sweeps import IndexCursor, ReadySweep
+from router.process.ticker import Ticker
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.support import ManualClock
 

@@ -18,10 +18,10 @@ import pytest
 import redis
 
 from kernel.states import TERMINAL
-from ops.fleet_local import LocalFleet
-from router.custody import Custody
-from router.feed import Feed
-from router.redis_gates import admitter_tag
+from ops.local.fleet import LocalFleet
+from router.admission.redis.gates import admitter_tag
+from router.wire.custody import Custody
+from router.wire.feed import Feed
 from store.redis_store import RedisStore
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import caller_api, start, stop_all, wait_all_ended

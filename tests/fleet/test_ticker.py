@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kernel.states import LifecycleState, StopReason
-from router.ticker import Ticker
+from router.process.ticker import Ticker
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.support import ManualClock
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from kernel.states import StopReason
-from ops.fleet_local import LocalFleet
+from ops.local.fleet import LocalFleet
 from store.redis_store import RedisStore
 from tests.fleet.conftest import ROUTE
 from tests.fleet.documents import config_apply, fleet_document

@@ -22,10 +22,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kernel.chain import RowKind
-from ops.fleet_local import LocalFleet
-from ops.metrics import Metrics
-from ops.tracing import otel_tracer
-from router.tracing import root_span_id_of, trace_id_of
+from ops.local.fleet import LocalFleet
+from ops.observability.metrics import Metrics
+from ops.observability.tracing import otel_tracer
+from router.fleet.tracing import root_span_id_of, trace_id_of
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders, submit_refunds

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import redis
 
-from router.custody import Custody
-from router.feed import Feed, Notice, NoticeKind
-from router.turn_message import TurnMessage
+from router.wire.custody import Custody
+from router.wire.feed import Feed
+from router.wire.notices import Notice, NoticeKind
+from router.wire.turns import TurnMessage
 from worker.turn_ending import TurnEnding
 
 pytestmark = pytest.mark.redis

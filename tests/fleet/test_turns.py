@@ -18,9 +18,10 @@ import pytest
 from kernel.events import CallModel, DispatchTool, ReplyStatus
 from kernel.record import OpKind, OpStatus, SettlementOwner
 from kernel.states import LifecycleState, StopReason
-from router.feed import CancelListener, NoticeKind
-from router.stranded import StrandedTurns
-from router.turn_message import TurnMessage
+from router.process.stranded import StrandedTurns
+from router.wire.feed import CancelListener
+from router.wire.notices import NoticeKind
+from router.wire.turns import TurnMessage
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.support import ManualClock
 from worker.models import ModelReply
@@ -122,7 +123,7 @@ def test_a_pause_during_the_model_call_cancels_it_and_quarantines_the_reply(
     msg = one_turn_message(inproc)
     model = PausedMidCall(inproc, "initech", tid)
     inproc.runner.tools.model = lambda ref, goal: model  # type: ignore[method-assign]
-    listener = CancelListener(inproc.feed, inproc.runner.inflight.cancel)
+    listener = CancelListener(inproc.feed, inproc.runner.calls_in_flight.cancel)
     listener.start()
     try:
         report = inproc.runner.run(msg)

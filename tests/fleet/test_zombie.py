@@ -26,8 +26,8 @@ import redis
 
 from examples.support_store.state import RedisState
 from kernel.states import TERMINAL
-from ops.fleet_local import LocalFleet
-from router.custody import Custody
+from ops.local.fleet import LocalFleet
+from router.wire.custody import Custody
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.harness import seed_orders, submit_refunds

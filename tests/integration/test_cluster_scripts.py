@@ -11,7 +11,6 @@ none was left out (it runs last, in file order): a new script needs its line her
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,21 +19,22 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from redis.commands.core import Script
 from redis.crc import key_slot
 
 from api.keys import KeyRing, Scope
 from kernel.errors import StaleNomination, UnknownMember
-from router import custody as custody_module
-from router import redis_gates
-from router.chores import _LEASE, AdmitterLease
-from router.custody import Custody
-from router.feed import CancelListener, Feed, Notice, NoticeKind
-from router.keyspace import fleet_tag
-from router.membership import _SET_IF_MEMBER, Membership
-from router.redis_admitter import RedisAdmitter
-from router.redis_gates import LuaScript, RedisGates
-from router.streams import dead_letters
+from router.admission.claims import ReturningCall
+from router.admission.redis import gates as redis_gates
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.redis.gates import RedisGates
+from router.placement.membership import Membership
+from router.process.chores import AdmitterLeadership
+from router.wire.custody import Custody
+from router.wire.feed import CancelListener, Feed
+from router.wire.keyspace import fleet_tag
+from router.wire.notices import Notice, NoticeKind
+from router.wire.streams import dead_letters
+from store.scripts import Script
 from tests.quota.test_redis_admitter import CONFIG, GATES, OPENAI
 from tests.support import ManualClock, wait_for
 
@@ -47,45 +47,30 @@ ONE_NODE = {"committed.lua"}
 
 
 def lua_mains() -> set[str]:
-    """router/lua's files that are scripts of their own, not libraries put before them."""
+    """The admitter's files that are scripts of their own, not libraries put before them."""
     return {p.name for p in LUA.glob("*.lua") if "A library" not in p.read_text()[:400]}
 
 
 def main_scripts() -> set[str]:
-    """Every script the router and the workers run: router/lua's, and the others."""
-    return lua_mains() | {"set_if_member.lua", "admit_lease.lua", "release", "orphan", "forget"}
+    """Every script the router and the workers run: the admitter's, and the others."""
+    others = {"set_if_member.lua", "admit_lease.lua"}
+    return (
+        lua_mains() | others | {"custody_release.lua", "custody_orphan.lua", "custody_forget.lua"}
+    )
 
 
 @pytest.fixture
 def cluster(redis_cluster: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
-    """The cluster client; the name of every script run through it goes into :data:`RAN`."""
+    """The cluster client; the main files of every script run through it go into :data:`RAN`
+    (every script runs through :meth:`store.scripts.Script.run`)."""
     assert isinstance(redis_cluster, RedisCluster)
-    names = {
-        _sha(_SET_IF_MEMBER.read_text()): "set_if_member.lua",
-        _sha(_LEASE.read_text()): "admit_lease.lua",
-        _sha(custody_module._RELEASE): "release",
-        _sha(custody_module._ORPHAN): "orphan",
-        _sha(custody_module._FORGET): "forget",
-    }
-    built, once, mains = LuaScript.__init__, LuaScript._once, lua_mains()
+    ran, mains = Script.run, main_scripts()
 
-    def naming(self: LuaScript, client: redis.Redis, *files: str, attempts: int = 4) -> None:
-        built(self, client, *files, attempts=attempts)
-        names[self.sha] = next(f for f in files if f in mains)  # returning.lua, then claim.lua
+    def running(self: Script, *args: Any, **kwargs: Any) -> Any:
+        RAN.update(f for f in self.files if f in mains)
+        return ran(self, *args, **kwargs)
 
-    def running(self: LuaScript, keys: Any, args: Any) -> Any:
-        RAN.add(names[self.sha])
-        return once(self, keys, args)
-
-    called = Script.__call__
-
-    def calling(self: Script, *args: Any, **kwargs: Any) -> Any:
-        RAN.add(names.get(self.sha, self.sha))
-        return called(self, *args, **kwargs)
-
-    monkeypatch.setattr(LuaScript, "__init__", naming)
-    monkeypatch.setattr(LuaScript, "_once", running)
-    monkeypatch.setattr(Script, "__call__", calling)
+    monkeypatch.setattr(Script, "run", running)
     yield redis_cluster
 
 
@@ -98,10 +83,6 @@ def slots_of_keys(client: redis.Redis, prefix: str) -> set[int]:
     another slot only when another master holds it, so the tests look at what was written."""
     keys = [*client.scan_iter(match=f"{prefix}*"), *client.scan_iter(match=f"{{{prefix}*")]
     return {key_slot(k) for k in keys}
-
-
-def _sha(source: str) -> str:
-    return hashlib.sha1(source.encode()).hexdigest()
 
 
 def test_the_admitter_and_gate_scripts_run_in_the_admitters_slot(
@@ -126,13 +107,13 @@ def test_the_admitter_and_gate_scripts_run_in_the_admitters_slot(
     with pytest.raises(StaleNomination):
         admitter.decline(second)
     assert admitter.withdraw("a2")
-    lane = admitter.in_flight_page(0, 0, 16)  # inflight.lua "page": the first call's lane
+    lane = admitter.in_flight_page(0, 0, 16)  # in_flight.lua "page": the first call's lane
     assert lane[0] == 0 and admitter.in_flight("acme") == 1
-    assert admitter.release("acme", first.call.trajectory_id)  # inflight.lua "end"
+    assert admitter.release("acme", first.call.trajectory_id)  # in_flight.lua "end"
     assert admitter.in_flight("acme") == 0
 
     queued, claim = admitter.claim_returning(  # returning.lua
-        ("acme", first.call.trajectory_id, 1_000, 500, None, None)
+        ReturningCall("acme", first.call.trajectory_id, 1_000, 500, None, None)
     )
     assert queued and claim is not None and claim.call.trajectory_id == first.call.trajectory_id
     clock.advance(10)  # past the claim's deadline: the reconciler requeues it
@@ -156,8 +137,8 @@ def test_membership_and_the_admitter_lease(cluster: redis.Redis, cluster_key_pre
     assert members.records() == ()
 
     feed = Feed(cluster, cluster_key_prefix)
-    lease = AdmitterLease(cluster, feed.lease_key, "r1", ttl_s=30)
-    other = AdmitterLease(cluster, feed.lease_key, "r2", ttl_s=30)
+    lease = AdmitterLeadership(cluster, feed.leadership_key, "r1", ttl_s=30)
+    other = AdmitterLeadership(cluster, feed.leadership_key, "r2", ttl_s=30)
     assert lease.take() and not other.take()
     assert lease.renew() and not other.renew()  # admit_lease.lua
     lease.release()
@@ -171,13 +152,13 @@ def test_custody_scripts_run_in_the_feeds_slot(
     payload = {"tenant": "acme", "trajectory_id": "t1", "version": 3, "epoch": 0}
     custody.note("w1", {**payload, "commands": [{"call_id": "t1/m1"}]})
     custody.flush()
-    assert custody.release("w1", "acme", "t1", 3)  # release
+    assert custody.release("w1", "acme", "t1", 3)  # custody_release.lua
     custody.note("w1", {**payload, "commands": [{"call_id": "t1/m1"}]})
     custody.flush()
-    assert custody.orphan("w1", "w1 (incarnation 0)") == 1  # orphan
+    assert custody.orphan("w1", "w1 (incarnation 0)") == 1  # custody_orphan.lua
     (turn,) = custody.entrusted_to("w1 (incarnation 0)")
     assert custody.take("w1 (incarnation 0)", turn)
-    assert custody.forget("w1 (incarnation 0)")  # forget
+    assert custody.forget("w1 (incarnation 0)")  # custody_forget.lua
     assert custody.custodians() == {"w1"}
     assert slots_of_keys(cluster, cluster_key_prefix) == {slot(fleet_tag(cluster_key_prefix))}
 

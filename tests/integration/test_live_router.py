@@ -11,9 +11,9 @@ import redis
 
 from kernel.errors import UnknownTenant
 from kernel.settings import Settings
-from router import fleet_config
-from router.service import AdmitterKind, RouterOptions, RouterService
-from router.tenants import read_document
+from router.admission.tenants import read_document
+from router.fleet import config as fleet_config
+from router.process.service import AdmitterKind, RouterOptions, RouterService
 from tests.conftest import REDIS_URL
 from tests.fleet.documents import fleet_document
 from tests.fleet.harness import refund_job, seed_orders

@@ -19,9 +19,9 @@ from kernel.errors import (
     StoreError,
     UnknownMember,
 )
-from ops.cli_ring import ring_app
-from router.membership import Membership, Progress, ReplicaRing
-from router.ring import Member, MemberState, Ring
+from ops.cli.ring import ring_app
+from router.placement.membership import Membership, Progress, ReplicaRing
+from router.placement.ring import Member, MemberState, Ring
 from tests.support import ManualClock
 
 pytestmark = pytest.mark.redis

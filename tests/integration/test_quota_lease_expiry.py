@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from router.gates import GateReading
+from router.admission.gates import GateReading
 from tests.quota.holder import HELD, ROUTE, admitter
 from tests.support import wait_for
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from router.redis_admitter import RedisAdmitter
-from router.redis_gates import RedisGates
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.redis.gates import RedisGates
 from tests.quota.fleet import (
     CONCURRENCY,
     CONFIG,

@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from kernel.errors import StoreError
-from ops.redis_durability import read_durability
-from router.retention import RetentionSweep
+from ops.cli.durability import read_durability
+from router.process.retention import RetentionSweep
 from store.redis_client import client_from_url
 from store.redis_store import RedisStore
 from tests.contract.advance_worker import make_record, next_version

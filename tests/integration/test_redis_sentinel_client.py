@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.cluster_local import free_ports
+from ops.local.cluster import free_ports
 from store.redis_client import client_from_url, is_cluster
 from store.redis_store import RedisStore
 from tests.contract.advance_worker import make_record, next_version

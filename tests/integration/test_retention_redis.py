@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from kernel.record import TrajectoryRecord
-from router.retention import RetentionSweep
+from router.process.retention import RetentionSweep
 from store.base import Retirement
 from store.redis_store import STATE_CODES, RedisStore
 from tests.contract.advance_worker import make_record, next_version
@@ -27,7 +27,9 @@ def test_a_retire_cut_off_after_its_first_call_is_finished_by_the_next_sweep(
     rec = finish(redis_store, "t1", at=0.0)
     snap_key, chain_key = redis_store.trajectory_keys("acme", "t1")
     # the first call alone, as a router that died before the second would leave it
-    assert redis_store._retire(keys=[snap_key, chain_key], args=[rec.record_version])[0] == 1
+    assert (
+        redis_store._retire.run(redis_client, [snap_key, chain_key], [rec.record_version])[0] == 1
+    )
     assert redis_client.exists(snap_key, chain_key) == 0
     assert _indexed(redis_client, redis_store, "t1") == [STATE_CODES[rec.state]]
     assert redis_store.list("acme") == ["t1"], "listed, though there is nothing to load"
@@ -41,7 +43,7 @@ def test_an_id_created_again_keeps_its_entry_when_an_old_retire_finishes(
 ) -> None:
     rec = finish(redis_store, "t1", at=0.0)
     snap_key, chain_key = redis_store.trajectory_keys("acme", "t1")
-    redis_store._retire(keys=[snap_key, chain_key], args=[rec.record_version])
+    redis_store._retire.run(redis_client, [snap_key, chain_key], [rec.record_version])
     redis_store.create(make_record("t1"))  # a job that names its id submits it again
     redis_store._drop_entry("acme", "t1")  # the cut-off retire's second call, late
     assert _indexed(redis_client, redis_store, "t1") == [STATE_CODES[make_record().state]]

@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from kernel.settings import Settings
-from router import fleet_config
-from router.retention import DAY_S
-from router.service import AdmitterKind, RouterOptions, RouterService
+from router.fleet import config as fleet_config
+from router.process.retention import DAY_S
+from router.process.service import AdmitterKind, RouterOptions, RouterService
 from tests.conftest import REDIS_URL
 from tests.contract.test_retention_contract import finish
 

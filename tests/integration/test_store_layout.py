@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from kernel.errors import UnsupportedLayout
 from kernel.states import LifecycleState
-from ops import cli_store
+from ops.cli import store as cli_store
 from store.base import prepare_commit
 from store.redis_client import client_from_url
 from store.redis_keys import COMMITS_KEPT, layout_key

@@ -13,9 +13,9 @@ import redis
 
 from kernel.errors import SnapshotNotFound
 from kernel.states import LifecycleState
-from router.inflight_sweep import InFlightSweep
-from router.redis_admitter import RedisAdmitter
-from router.tenants import AdmissionConfig
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.tenants import AdmissionConfig
+from router.process.in_flight_sweep import InFlightSweep
 from tests.api.conftest import fleet_toml
 from tests.api.test_admin_cli import reins
 

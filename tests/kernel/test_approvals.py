@@ -12,13 +12,6 @@ from kernel.budget import Budget
 from kernel.errors import UnknownReference
 from kernel.events import Admit, DispatchTool, HoldForApproval, ToolProgress
 from kernel.record import ApprovalStatus, ControlKind
-from kernel.sizing import (
-    approval_figures,
-    held_by_littles_law,
-    held_workspaces,
-    max_mean_decision_hours,
-    timed_out_jobs,
-)
 from kernel.states import LifecycleState, StopReason
 from tests.kernel.driver import BIG_REFUND, PLAN, READ, Driver
 
@@ -277,92 +270,3 @@ def test_restricted_trajectory_cannot_dispatch_a_write() -> None:
     )
     assert not d.commands(DispatchTool)
     assert d.rec.stop_reason is StopReason.FAILED  # a policy denial is fatal
-
-
-# --- sizing exercises -------------------------------------------------------------------------
-
-
-def test_settling_timed_out_test_jobs() -> None:
-    f = timed_out_jobs(
-        jobs=6,
-        rate_per_s=0.01,
-        cap_s=90,
-        wait_s=30,
-        p_fast=0.7,
-        fast_s=20,
-        slow_s=60,
-        cancel_stop_s=5,
-        allowance=4.00,
-    )
-    assert f.liability == pytest.approx(0.90)
-    assert f.defective_uncovered_mean == pytest.approx(1.08)
-    assert f.uncovered_mean_share == pytest.approx(0.27)
-    assert f.defective_uncovered_worst == pytest.approx(5.40)
-    assert f.uncovered_worst_share == pytest.approx(1.35)
-    assert f.held_beyond_charge == pytest.approx(0.30)
-    assert (f.cancel_charge, f.cancel_released) == (pytest.approx(0.35), pytest.approx(0.55))
-    assert (f.cost_cancel, f.cost_let_run) == (pytest.approx(1.47), pytest.approx(1.92))
-
-
-def test_workspaces_held_in_escrow() -> None:
-    w = held_workspaces(
-        arrivals_per_hour=12,
-        mean_decision_hours=45 / 60,
-        workspace_gb=4,
-        pool_gb=24,
-        resident_gb=0.25,
-        restore_s=40,
-    )
-    assert w.held == pytest.approx(9)
-    assert w.retained_gb == pytest.approx(36)
-    assert w.fitting_decision_hours == pytest.approx(0.5)  # 30 minutes
-    assert w.snapshot_resident_gb == pytest.approx(2.25)
-    assert round(w.restore_fraction * 100, 1) == 1.5
-
-
-def test_littles_law_sizing_functions() -> None:
-    assert held_by_littles_law(12, 45 / 60) == pytest.approx(9)
-    assert max_mean_decision_hours(24, 4, 12) == pytest.approx(0.5)
-
-
-def test_approval_figures_from_records() -> None:
-    records = []
-    for i, decide_after in enumerate([600.0, 1200.0, None]):
-        d, hold = held()
-        d.rec.trajectory_id = f"t{i}"
-        if decide_after is not None:
-            d.now = hold.expires_at - 3600 + decide_after
-            d.decide(hold)
-        records.append(d.rec)
-    f = approval_figures(records, now=records[0].held.held_at + 100, window_s=3600)  # type: ignore[union-attr]
-    assert f.held_now == 1 and f.decided == 2
-    assert f.mean_decision_s == pytest.approx(900.0)
-    assert f.littles_law_held == pytest.approx(3 / 3600 * 900.0)
-
-
-def test_approval_figures_are_exposed_from_the_record_store() -> None:
-    from store.memory import MemoryStore
-
-    store = MemoryStore()
-    for tid in ("t0", "t1"):
-        d, _hold = held()
-        store.create(d.rec.model_copy(update={"trajectory_id": tid}))
-    waiting = store.load("acme", "t0")
-    held_req = waiting.held
-    assert held_req is not None
-    d = Driver()
-    d.rec, d.now = waiting, held_req.held_at + 600
-    hold = HoldForApproval(
-        approval_id=held_req.approval_id,
-        held_version=held_req.held_version,
-        digest=held_req.digest,
-        tool=held_req.tool,
-        args=held_req.args,
-        expires_at=held_req.expires_at,
-    )
-    d.decide(hold)
-    store.compare_and_set(d.rec, waiting.record_version)
-    f = approval_figures(store.records("acme"), now=d.now, window_s=3600)
-    assert (f.held_now, f.decided) == (1, 1)
-    assert f.mean_decision_s == pytest.approx(600.0)
-    assert f.littles_law_held == pytest.approx(2 / 3600 * 600.0)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from decimal import Decimal
 
+from store.in_process import InProcessStore
+
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy
@@ -20,7 +22,6 @@ from kernel.context import KernelContext, StepResult
 from kernel.events import Admit, CallModel, DispatchTool, Event, ReplyStatus, ToolProgress
 from kernel.record import ControlKind, OpStatus, StepStatus, TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
-from store.memory import MemoryStore
 from tests.kernel.driver import PLAN, READ, Driver
 from tests.kernel.harness import new_record
 from worker.embedded import EmbeddedRunner
@@ -117,7 +118,7 @@ def test_a_truncated_reply_leaves_the_input_unchanged() -> None:
 
 def test_stored_snapshots_and_rows_read_back_to_the_bytes_written() -> None:
     agent = make_agent()
-    store = MemoryStore()
+    store = InProcessStore()
     written: list[tuple[int, bytes, list[ChainRow]]] = []
 
     def commit(prev: TrajectoryRecord, new: TrajectoryRecord, rows: list[ChainRow]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from store.in_process import InProcessStore
 
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
@@ -16,7 +17,6 @@ from kernel.errors import ConcurrentModification
 from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
 from store.base import TrajectoryStore
-from store.memory import MemoryStore
 from store.sqlite import SqliteStore
 from tests.kernel.harness import new_record
 from worker.embedded import EmbeddedRunner
@@ -41,7 +41,7 @@ def runner(store: TrajectoryStore | None, backend: SupportStoreBackend) -> Embed
 
 @pytest.fixture(params=["memory", "sqlite"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> TrajectoryStore:
-    return MemoryStore() if request.param == "memory" else SqliteStore(str(tmp_path / "r.db"))
+    return InProcessStore() if request.param == "memory" else SqliteStore(str(tmp_path / "r.db"))
 
 
 def test_second_resume_of_the_same_version_is_refused_by_the_store(store: TrajectoryStore) -> None:

@@ -1,12 +1,13 @@
-"""The fairness dashboard: the committed JSON is what ops.dashboard builds, and it is sound."""
+"""The fairness dashboard: the committed JSON is what ops.observability.dashboard builds, and it is
+sound."""
 
 from __future__ import annotations
 
 import json
 import re
 
-from ops import dashboard
-from ops.metrics import Metrics
+from ops.observability import dashboard
+from ops.observability.metrics import Metrics
 
 REQUIRED = (
     "Admitted-charge share per tenant",
@@ -33,7 +34,7 @@ def test_committed_json_and_chart_copy_are_the_generated_dashboard() -> None:
     generated = dashboard.render()
     for path in (dashboard.DASHBOARD_PATH, dashboard.CHART_COPY):
         assert path.read_text(encoding="utf-8") == generated, (
-            f"{path} is stale: run `python -m ops.dashboard`"
+            f"{path} is stale: run `python -m ops.observability.dashboard`"
         )
 
 

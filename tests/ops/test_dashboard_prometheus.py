@@ -1,9 +1,9 @@
 """Every panel of the fairness dashboard, run against a real Prometheus scraping reins metrics.
 
-A simulated fleet (tests/ops/workload.py: the real admitter, tenants of weights 3:2:1, real
-kernel runs) reports through :class:`ops.metrics.Metrics`, served on 127.0.0.1; a Prometheus
-started by this test scrapes it. The workload runs in slices, each followed by a scrape, so
-every counter has samples that rise. Then each panel's PromQL must return finite data, and the
+A simulated fleet (tests/ops/workload.py: the real admitter, tenants of weights 3:2:1, real kernel
+runs) reports through :class:`ops.observability.metrics.Metrics`, served on 127.0.0.1; a Prometheus
+started by this test scrapes it. The workload runs in slices, each followed by a scrape, so every
+counter has samples that rise. Then each panel's PromQL must return finite data, and the
 charge-share panel must show the weights' shares.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ops import dashboard
-from ops.metrics import Metrics
+from ops.observability import dashboard
+from ops.observability.metrics import Metrics
 from tests.ops.prometheus import PrometheusServer, expand, find_prometheus
 from tests.ops.workload import WEIGHTS, Workload, expected_shares
 

@@ -11,9 +11,9 @@ import redis
 
 from kernel.chain import ChainRow, RowKind
 from kernel.errors import StoreUnavailable
-from ops.metrics import Metrics
-from router.streams import GroupLag
-from router.turn_message import HandBackWhy
+from ops.observability.metrics import Metrics
+from router.wire.streams import GroupLag
+from router.wire.turns import HandBackWhy
 from store.redis_client import REDIS_ERRORS, retry_transient
 
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from kernel.settings import PREFIX, Settings
-from ops.dashboard import DASHBOARD_PATH
-from router import fleet_config
-from router.gates import GateConfig
+from ops.observability.dashboard import DASHBOARD_PATH
+from router.admission.gates import GateConfig
+from router.fleet import config as fleet_config
 
 yaml = pytest.importorskip("yaml", reason="PyYAML parses the rendered chart")
 
@@ -197,7 +197,8 @@ def test_commands_parse_with_the_reins_cli(component: str, sets: tuple[str, ...]
     import typer
     import typer.main
 
-    from ops import cli_admin, cli_fleet
+    from ops.cli import admin as cli_admin
+    from ops.cli import fleet as cli_fleet
 
     app = typer.Typer()
     cli_fleet.register(app)

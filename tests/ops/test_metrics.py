@@ -1,4 +1,4 @@
-"""ops.metrics: names, labels, and the mapping from domain events to series."""
+"""ops.observability.metrics: names, labels, and the mapping from domain events to series."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from kernel.errors import ConcurrentModification, StoreUnavailable
 from kernel.events import ReplyStatus
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
-from ops.metrics import Metrics
-from router.membership import MemberRecord
-from router.observe import provider_of
+from ops.observability.metrics import Metrics
+from router.fleet.observe import provider_of
+from router.placement.membership import MemberRecord
 from tests.ops.workload import WEIGHTS, Workload, admission_config
 
 FAMILIES = {

@@ -15,9 +15,9 @@ from kernel.context import StepResult
 from kernel.errors import ConfigError
 from kernel.events import CallModel
 from kernel.record import TrajectoryRecord
-from ops.tracing import CONTENT_VAR, OtelTracer, TraceSettings, otel_tracer, traced
-from router.tracing import NO_TRACER, root_span_id_of, trace_id_of
-from router.turn_message import TurnMessage
+from ops.observability.tracing import CONTENT_VAR, OtelTracer, TraceSettings, otel_tracer, traced
+from router.fleet.tracing import NO_TRACER, root_span_id_of, trace_id_of
+from router.wire.turns import TurnMessage
 
 ENDPOINT = "http://127.0.0.1:4318"
 

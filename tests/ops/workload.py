@@ -1,6 +1,6 @@
-"""A small simulated fleet that reports through :class:`ops.metrics.Metrics`.
+"""A small simulated fleet that reports through :class:`ops.observability.metrics.Metrics`.
 
-The admitter is the real :class:`router.admitter.Admitter` with three tenants of weights
+The admitter is the real :class:`router.admission.local.Admitter` with three tenants of weights
 3:2:1, all kept backlogged, driven on a simulated clock; a provider gate refuses a fixed
 fraction of nominations. Turns are real kernel runs of the support-store agent on the embedded
 runner, committed through :meth:`Metrics.metered_commit`. Everything is deterministic.
@@ -18,11 +18,11 @@ from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.errors import ConcurrentModification
 from kernel.record import TrajectoryRecord
-from ops.metrics import Metrics
-from router.admitter import Admitter
-from router.membership import MemberRecord
-from router.observe import provider_of
-from router.tenants import AdmissionConfig
+from ops.observability.metrics import Metrics
+from router.admission.local import Admitter
+from router.admission.tenants import AdmissionConfig
+from router.fleet.observe import provider_of
+from router.placement.membership import MemberRecord
 from tests.support import ManualClock
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel

@@ -16,9 +16,10 @@ from hypothesis.stateful import (
 )
 
 from kernel.errors import SubmissionRefused
-from router.admitter import Admitter, FinalizeNow
-from router.drr import NEW, OLD, UNLISTED, DrrState
-from router.tenants import AdmissionConfig
+from router.admission.drr import NEW, OLD, UNLISTED, DrrState
+from router.admission.local import Admitter
+from router.admission.queue import FinalizeNow
+from router.admission.tenants import AdmissionConfig
 
 
 @st.composite
@@ -239,10 +240,10 @@ def test_backlogged_shares_stay_within_one_quantum_and_one_cap_of_their_weights(
 
 
 class ScanDrr:
-    """The policy of router/drr.py for one-class tenants with no active lists: each lane holds
-    a ticket taken when it joined the tail of its list, and the head of a list is found by
-    scanning every lane for the smallest ticket. Slow (every pick reads every tenant) and
-    obviously in order, so the deques can be held to it."""
+    """The policy of router/admission/drr.py for one-class tenants with no active lists: each lane
+    holds a ticket taken when it joined the tail of its list, and the head of a list is found by
+    scanning every lane for the smallest ticket. Slow (every pick reads every tenant) and obviously
+    in order, so the deques can be held to it."""
 
     def __init__(self, quanta: list[int], cap: int) -> None:
         self.quanta, self.cap = quanta, cap

@@ -9,9 +9,9 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ops.limits_stats import (
+from ops.limits.stats import (
     Dim,
-    Outcome,
+    RunOutcome,
     cap_figures,
     quantile,
     relative_standard_error,
@@ -22,7 +22,7 @@ from ops.limits_stats import (
 values = st.floats(min_value=0.0, max_value=1e4, allow_nan=False, allow_infinity=False)
 outcomes = st.lists(
     st.builds(
-        lambda i, ok, v: Outcome(f"t{i}", ok, {Dim.DOLLARS: v}),
+        lambda i, ok, v: RunOutcome(f"t{i}", ok, {Dim.DOLLARS: v}),
         st.integers(0, 10**6),
         st.booleans(),
         values,
@@ -34,7 +34,7 @@ caps = st.floats(min_value=1e-3, max_value=2e4, allow_nan=False)
 
 
 @given(outcomes, caps, caps)
-def test_a_lower_cap_never_accepts_more(rows: list[Outcome], a: float, b: float) -> None:
+def test_a_lower_cap_never_accepts_more(rows: list[RunOutcome], a: float, b: float) -> None:
     low, high = sorted((a, b))
     f_low = cap_figures(rows, Dim.DOLLARS, low, None)
     f_high = cap_figures(rows, Dim.DOLLARS, high, None)
@@ -47,7 +47,7 @@ def test_a_lower_cap_never_accepts_more(rows: list[Outcome], a: float, b: float)
 
 @given(outcomes, caps)
 def test_the_binding_rule_charges_at_most_the_spend_and_the_cap(
-    rows: list[Outcome], cap: float
+    rows: list[RunOutcome], cap: float
 ) -> None:
     f = cap_figures(rows, Dim.DOLLARS, cap, None)
     spent = sum(o.spend[Dim.DOLLARS] for o in rows)
@@ -66,7 +66,7 @@ def test_the_binding_rule_charges_at_most_the_spend_and_the_cap(
 
 
 @given(outcomes)
-def test_a_cap_above_every_run_changes_nothing(rows: list[Outcome]) -> None:
+def test_a_cap_above_every_run_changes_nothing(rows: list[RunOutcome]) -> None:
     top = max(o.spend[Dim.DOLLARS] for o in rows) + 1.0
     f = cap_figures(rows, Dim.DOLLARS, top, None)
     assert f.accepted == sum(o.accepted for o in rows)
@@ -99,7 +99,7 @@ def test_percentiles_are_observed_values_in_order(vals: list[int], f: float) -> 
 
 
 @given(outcomes)
-def test_percentiles_are_of_accepted_runs_only(rows: list[Outcome]) -> None:
+def test_percentiles_are_of_accepted_runs_only(rows: list[RunOutcome]) -> None:
     rep = report(rows, {Dim.DOLLARS: [1.0]})[Dim.DOLLARS]
     accepted = sorted(o.spend[Dim.DOLLARS] for o in rows if o.accepted)
     assert rep.accepted == len(accepted) and rep.runs == len(rows)

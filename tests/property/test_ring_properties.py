@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kernel.errors import EmptyRing
-from router.ring import DEFAULT_POINTS_PER_WEIGHT, Member, MemberState, Ring, key_position
+from router.placement.ring import DEFAULT_POINTS_PER_WEIGHT, Member, MemberState, Ring, key_position
 
 KEYS = [f"trajectory-{i}" for i in range(1_500)]
 

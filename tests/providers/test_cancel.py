@@ -22,7 +22,7 @@ from tests.providers.conftest import Serve
 from tests.providers.fake_openai import Reply, deltas
 from tests.providers.scripts import KernelTurns
 from worker.models import Model, ModelReply
-from worker.providers import CancelToken, InflightCalls, OpenAICompatible
+from worker.providers import CancelToken, InFlightCalls, OpenAICompatible
 from worker.providers.openai_compat import Observer
 from worker.providers.stream import Accumulator
 
@@ -71,8 +71,8 @@ def test_operator_cancel_in_mid_stream_dispatches_nothing(serve: Serve) -> None:
     server = serve([long_reply(delay_s=0.005)])
     k = KernelTurns(budget=BUDGET)
     cmd = k.admit()
-    inflight = InflightCalls()
-    token = inflight.open(cmd.call_id)
+    calls_in_flight = InFlightCalls()
+    token = calls_in_flight.open(cmd.call_id)
     refund_streamed = threading.Event()
     model = OpenAICompatible(
         base_url=server.base_url,
@@ -91,10 +91,10 @@ def test_operator_cancel_in_mid_stream_dispatches_nothing(serve: Serve) -> None:
     cancels = [c for c in control.commands if isinstance(c, CancelCall)]
     assert [c.call_id for c in cancels] == [cmd.call_id]
     for c in cancels:  # the worker carries the command out
-        assert inflight.cancel(c.call_id)
+        assert calls_in_flight.cancel(c.call_id)
 
     reply = replies.get(timeout=30)
-    inflight.close(cmd.call_id)
+    calls_in_flight.close(cmd.call_id)
     assert reply.status is ReplyStatus.CANCELED
     assert reply.content is None and reply.usage is None
     assert reply.partial is not None and f"issue_refund({REFUND})" in reply.partial
@@ -188,8 +188,8 @@ def test_cancel_token_runs_callbacks_once_and_late_ones_at_once() -> None:
 
 
 def test_inflight_calls_cancel_only_what_is_in_flight() -> None:
-    inflight = InflightCalls()
-    token = inflight.open("t1/m1")
-    assert inflight.cancel("t1/m1") and token.is_set()
-    inflight.close("t1/m1")
-    assert not inflight.cancel("t1/m1") and len(inflight) == 0
+    calls_in_flight = InFlightCalls()
+    token = calls_in_flight.open("t1/m1")
+    assert calls_in_flight.cancel("t1/m1") and token.is_set()
+    calls_in_flight.close("t1/m1")
+    assert not calls_in_flight.cancel("t1/m1") and len(calls_in_flight) == 0

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from examples.support_store.policies import RefundPolicy
 from kernel.record import TrajectoryRecord
-from ops import cli_run
-from ops.report import summary as report
+from ops.cli import run as cli_run
+from ops.cli.report import summary as report
 from tests.providers.conftest import Serve
 from tests.providers.scripts import policy_script
 
@@ -33,7 +33,7 @@ SERVED = ["--provider", "openai-compatible", "--latency-header", "openai-process
 
 def reins(*args: str) -> dict[str, Any]:
     p = subprocess.run(
-        [sys.executable, "-c", "from ops.cli import main; main()", *args],
+        [sys.executable, "-c", "from ops.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -66,7 +66,7 @@ def test_final_records_are_equal_field_for_field(
         records.append(rec)
         return report(rec, effects)
 
-    monkeypatch.setattr("ops.cli_run.summary", keep)
+    monkeypatch.setattr("ops.cli.run.summary", keep)
     monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(int=10))  # one trajectory id for both
     app = typer.Typer()
     cli_run.register(app)
@@ -110,7 +110,7 @@ def test_the_profile_chooses_the_provider(serve: Serve) -> None:
 def test_an_unknown_provider_is_refused_by_name() -> None:
     args = ["run", AGENT, "--goal", GOAL, "--provider", "carrier-pigeon"]
     p = subprocess.run(
-        [sys.executable, "-c", "from ops.cli import main; main()", *args],
+        [sys.executable, "-c", "from ops.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from router.gates import GateConfig, MemoryGates, ProviderGates
-from router.redis_gates import RedisGates
+from router.admission.gates import GateConfig, MemoryGates, ProviderGates
+from router.admission.redis.gates import RedisGates
 from tests.support import ManualClock
 
 GATE_BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]

@@ -15,10 +15,10 @@ import time
 
 import redis
 
-from router.gates import GateConfig
-from router.redis_admitter import RedisAdmitter
-from router.redis_gates import RedisGates
-from router.tenants import AdmissionConfig
+from router.admission.gates import GateConfig
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.redis.gates import RedisGates
+from router.admission.tenants import AdmissionConfig
 
 URL = os.environ.get("REINS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROUTE = "loopback/model-1"

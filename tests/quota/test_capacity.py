@@ -10,7 +10,7 @@ import pytest
 from kernel.errors import InvalidInput
 from kernel.events import DispatchTool, HoldForApproval
 from kernel.states import LifecycleState
-from router.capacity import ToolCapacity, ToolQueue
+from router.admission.capacity import ToolCapacity, ToolQueue
 from tests.kernel.driver import BIG_REFUND, PLAN, READ, Driver
 
 UNITS = {"sandbox_slots": 2, "memory_mb": 8_192}

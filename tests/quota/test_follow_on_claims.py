@@ -17,8 +17,10 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.redis_admitter import RedisAdmitter
-from router.redis_gates import RedisGates
+from router.admission.claims import ReturningCall
+from router.admission.gates import GateSettlement
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.redis.gates import RedisGates
 from tests.quota.test_redis_admitter import CONFIG, GATES, OPENAI
 from tests.support import ManualClock
 
@@ -94,7 +96,7 @@ def test_a_gated_call_is_claimed_exactly_when_the_router_would_claim_it_next(
             claim = admitter.nominate()
             if claim is not None:
                 admitter.confirm(claim)
-    entry = (tenant, "back", tokens, 500, None, OPENAI)
+    entry = ReturningCall(tenant, "back", tokens, 500, None, OPENAI)
     queued, claim = returning.claim_returning(entry)
     routed.requeue(tenant, "back", input_tokens=tokens, output_allowance=500, route=OPENAI)
     expected = routed.claim(depths=True, expect="back").claim
@@ -116,7 +118,7 @@ def test_a_call_with_no_gate_is_claimed_at_once_past_queued_calls(build: Build) 
         admitter.submit("acme", f"a-{n}", input_tokens=2_000, output_allowance=500)
         admitter.submit("globex", f"g-{n}", input_tokens=2_000, output_allowance=500)
     before = depths(admitter)
-    queued, claim = admitter.claim_returning(("acme", "back", 2_000, 500, None, None))
+    queued, claim = admitter.claim_returning(ReturningCall("acme", "back", 2_000, 500, None, None))
     assert queued and claim is not None
     assert claim.call.trajectory_id == "back" and claim.call.charge == 2_500
     assert depths(admitter) == before, "nothing else left its queue"
@@ -137,7 +139,8 @@ def test_a_call_already_queued_changes_nothing_but_the_settlement(build: Build) 
     admitter.submit("acme", "back", input_tokens=2_000, output_allowance=500, route=OPENAI)
     before = depths(admitter)
     answer = admitter.claim_returning(
-        ("acme", "back", 2_000, 500, None, OPENAI), settle=(OPENAI, held.claim_id, 1_000)
+        ReturningCall("acme", "back", 2_000, 500, None, OPENAI),
+        settle=GateSettlement(OPENAI, held.claim_id, 1_000),
     )
     assert answer == (False, None)
     assert depths(admitter) == before
@@ -155,11 +158,15 @@ def test_the_settled_slot_is_the_one_the_next_turn_takes(build: Build) -> None:
     for claim in running:
         assert claim is not None
         admitter.confirm(claim)
-    assert admitter.claim_returning(("globex", "other", 2_000, 500, None, OPENAI))[1] is None
+    assert (
+        admitter.claim_returning(ReturningCall("globex", "other", 2_000, 500, None, OPENAI))[1]
+        is None
+    )
     ended = running[0]
     assert ended is not None
     queued, claim = admitter.claim_returning(
-        ("acme", "run-0", 2_000, 500, None, OPENAI), settle=(OPENAI, ended.claim_id, 2_000)
+        ReturningCall("acme", "run-0", 2_000, 500, None, OPENAI),
+        settle=GateSettlement(OPENAI, ended.claim_id, 2_000),
     )
     assert queued
     if claim is None:  # DRR picked globex's call first: the slot is a router's to give it

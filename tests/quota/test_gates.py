@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.gates import Feedback, GateConfig, feedback_from
+from router.admission.gates import Feedback, GateConfig, feedback_from
 from tests.quota.conftest import MakeGates
 from tests.support import ManualClock
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel.errors import ConfigError, UnknownTenant
-from router.redis_admitter import RedisAdmitter
-from router.tenants import AdmissionConfig
+from router.admission.redis.admitter import RedisAdmitter
+from router.admission.tenants import AdmissionConfig
 
 pytestmark = pytest.mark.redis
 

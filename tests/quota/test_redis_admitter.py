@@ -15,14 +15,16 @@ from kernel.errors import ClaimLapsed, ConfigError, StaleNomination, SubmissionR
 from kernel.events import Admit
 from kernel.states import LifecycleState
 from kernel.step import step
-from router import drr
-from router.admitter import Admitter
-from router.drr import ReadyCall
-from router.gates import Feedback, GateConfig, MemoryGates
-from router.redis_admitter import Claim, RedisAdmitter, store_readiness
-from router.redis_gates import RedisGates
-from router.tenants import AdmissionConfig
-from store.memory import MemoryStore
+from router.admission import drr
+from router.admission.claims import AdmissionRecord
+from router.admission.drr import ReadyCall
+from router.admission.gates import Feedback, GateConfig, MemoryGates
+from router.admission.local import Admitter
+from router.admission.redis.admitter import Claim, RedisAdmitter, store_readiness
+from router.admission.redis.gates import RedisGates
+from router.admission.tenants import AdmissionConfig
+from store.in_process import InProcessStore
+from store.redis_store import CommitMark
 from tests.kernel.harness import new_record
 from tests.support import ManualClock
 
@@ -204,14 +206,14 @@ def test_another_configuration_on_the_same_state_is_refused(
 BUDGET = Budget(max_steps=20, max_tool_calls=20, max_tokens=100_000, deadline_s=1000)
 
 
-def record_store(*ids: str) -> MemoryStore:
-    store = MemoryStore()
+def record_store(*ids: str) -> InProcessStore:
+    store = InProcessStore()
     for tid in ids:
         store.create(new_record(BUDGET, tid=tid))
     return store
 
 
-def admit_in_store(store: MemoryStore, tid: str) -> None:
+def admit_in_store(store: InProcessStore, tid: str) -> None:
     """The trajectory's compare-and-set admission: READY -> CALLING_MODEL, call registered."""
     rec = store.load("acme", tid)
     result = step(rec, Admit(now=1.0), KernelContext(make_agent(budget=BUDGET).profile))
@@ -288,7 +290,8 @@ def test_a_confirmation_guarded_by_a_commit_runs_only_if_that_commit_applied(
     claim = claimed(admitter)
     snap, admissions = f"{key_prefix}:guard:snap", f"{key_prefix}:guard:admissions"
     redis_client.rpush(admissions, "e0", "e1")
-    mark, figures = (snap, "c2", "commit-a"), (admissions, '{"t": "acme"}', 2)
+    mark = CommitMark(snap, "c2", "commit-a")
+    figures = AdmissionRecord(admissions, '{"t": "acme"}', 2)
     command, finish = admitter.confirm_committed(claim, mark, figures)
 
     def send() -> Any:  # as behind a commit: in a batch, an error reply in its place

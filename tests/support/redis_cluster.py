@@ -1,6 +1,6 @@
 """A three-master Redis Cluster of the test session's own, on free loopback ports.
 
-The processes are :class:`ops.cluster_local.LocalCluster`'s (``reins bench store --cluster``
+The processes are :class:`ops.local.cluster.LocalCluster`'s (``reins bench store --cluster``
 starts the same). The fixtures: ``redis_cluster_url`` (session-scoped) yields its URL,
 ``redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3``, the scheme
 :func:`store.redis_client.client_from_url` turns into a ``RedisCluster``; with
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from ops.cluster_local import LocalCluster
+from ops.local.cluster import LocalCluster
 from store.redis_client import client_from_url
 
 __all__ = [

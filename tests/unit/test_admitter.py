@@ -13,9 +13,10 @@ import pytest
 from kernel.budget import Budget
 from kernel.errors import ConfigError, StaleNomination, SubmissionRefused, UnknownTenant
 from kernel.states import StopReason
-from router.admitter import Admitter, FinalizeNow
-from router.fairness import jain_index
-from router.tenants import AdmissionConfig
+from router.admission.fairness import jain_index
+from router.admission.local import Admitter
+from router.admission.queue import FinalizeNow
+from router.admission.tenants import AdmissionConfig
 from tests.support import ManualClock
 
 # (name, weight, input tokens, output allowance)
@@ -431,7 +432,7 @@ def test_jain_index() -> None:
 
 def test_turns_running_before_the_admitter_was_built_count_against_the_cap() -> None:
     """A router that takes the local admitter over counts the acting trajectories it finds in
-    the store (``router.chores.rebuild_queues``), so the cap holds across the handover."""
+    the store (``router.process.chores.rebuild_queues``), so the cap holds across the handover."""
     cfg = AdmissionConfig.from_mapping(
         {
             "quantum_tokens": 1_000,

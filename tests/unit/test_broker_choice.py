@@ -7,8 +7,8 @@ import pytest
 
 from kernel.errors import InvalidInput
 from kernel.settings import Settings
-from router.amqp_wire import QUEUE_EXPIRES_MS, member_queue, queue_arguments
-from router.broker import BrokerKind, broker_kind, celery_config, celery_queue
+from router.wire.amqp import QUEUE_EXPIRES_MS, member_queue, queue_arguments
+from router.wire.broker import BrokerKind, broker_kind, celery_config, celery_queue
 from worker.celery_app import TurnConsumer, worker_app
 
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"

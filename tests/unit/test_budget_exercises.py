@@ -19,8 +19,6 @@ from kernel.amounts import (
 from kernel.budget import Budget
 from kernel.errors import AdmissionRefused
 from kernel.ledger import Ledger
-from kernel.record import TrajectoryRecord
-from kernel.sizing import UsedFractions, used_fractions
 
 DOLLARS = Dimension.DOLLARS
 
@@ -173,64 +171,3 @@ def test_cache_miss_exercise_ceiling_for_all_misses() -> None:
     run_turns(tighter, 24, all_miss=True)
     with pytest.raises(AdmissionRefused):
         tighter.admit("turn25", model_call_liability(PRICE_3_15, turn_input(25), 4_000))
-
-
-def test_napkin_10_3_leading_dimension() -> None:
-    def meter(reuse: bool) -> UsedFractions:
-        budget = Budget.build(
-            max_steps=40,
-            max_tool_calls=1,
-            max_tokens=2_000_000,
-            max_output_tokens=200,
-            max_cost=D("3.50"),
-            deadline_s=900,
-            wall_clock_s=900,
-        )
-        rec = TrajectoryRecord.create(
-            trajectory_id="t", tenant="x", user="u", goal="g", agent="a:b", budget=budget, now=0.0
-        )
-        ledger = rec.ledger
-        for i in range(1, 31):
-            n = 8_000 + 1_500 * (i - 1)
-            ledger.admit(f"t{i}", model_call_liability(PRICE_3_15, n, 200))
-            cached = (8_000 + 1_500 * (i - 2)) if (reuse and i > 1) else 0
-            ledger.settle(
-                f"t{i}",
-                model_call_charge(
-                    PRICE_3_15, Usage(uncached_input=n - cached, cached_input=cached, output=200)
-                ),
-            )
-        return used_fractions(rec, now=460.0)  # the clock reads 460 s
-
-    reuse = meter(reuse=True)
-    assert round(reuse.steps * 100, 1) == 75.0
-    assert round(reuse.tokens * 100, 1) == 44.9
-    assert round(reuse.wall_clock * 100, 1) == 51.1
-    assert round(reuse.dollars * 100, 1) == 14.2
-    assert reuse.leading() == "steps"
-    no_reuse = meter(reuse=False)
-    assert round(no_reuse.dollars * 100, 1) == 79.1
-    assert no_reuse.leading() == "dollars"
-
-
-def test_used_fractions_keep_active_time_and_wall_clock_apart() -> None:
-    # The napkin's deadline and wall-clock limit are equal, so it cannot tell them apart.
-    budget = Budget.build(
-        max_steps=10,
-        max_tool_calls=4,
-        max_tokens=10_000,
-        max_output_tokens=200,
-        max_cost=D("1.00"),
-        deadline_s=600,
-        wall_clock_s=2_400,
-    )
-    rec = TrajectoryRecord.create(
-        trajectory_id="t", tenant="x", user="u", goal="g", agent="a:b", budget=budget, now=100.0
-    )
-    rec.active_s = 150.0  # model and tool time so far
-    rec.ledger.admit("t1", model_call_liability(PRICE_3_15, 1_000, 200))
-    f = used_fractions(rec, now=1_300.0)
-    assert f.active_time == pytest.approx(0.25)  # 150 s of a 600 s deadline
-    assert f.wall_clock == pytest.approx(0.5)  # 1,200 s since submission of 2,400 s
-    assert f.steps == pytest.approx(0.1) and f.tool_calls == 0
-    assert f.leading() == "wall_clock"

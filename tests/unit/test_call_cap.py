@@ -9,7 +9,7 @@ from kernel.budget import Budget
 from kernel.events import CallModel, DispatchTool, ReplyStatus
 from tests.kernel.harness import new_record
 from worker.models import ModelReply
-from worker.providers.base import InflightCalls
+from worker.providers.base import InFlightCalls
 from worker.turn_commands import CommandCarrier
 
 
@@ -49,7 +49,7 @@ class Tools:
 def test_no_call_is_given_more_than_the_cap() -> None:
     seen = Seen()
     tools: Any = Tools(seen)
-    carrier = CommandCarrier(tools, InflightCalls(), None, lambda: 0.0, max_call_s=3.0)
+    carrier = CommandCarrier(tools, InFlightCalls(), None, lambda: 0.0, max_call_s=3.0)
     rec = new_record(Budget())
     long = CallModel(
         call_id="m1", attempt_id="m1/a1", view="{}", max_output_tokens=10, timeout_s=500

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from router.admitter import Admitter
-from router.dispatch import BACKLOG_MARK_UP_TO, Dispatcher
-from router.ring import Ring
-from router.tenants import AdmissionConfig
+from router.admission.local import Admitter
+from router.admission.tenants import AdmissionConfig
+from router.placement.ring import Ring
+from router.process.dispatch import BACKLOG_MARK_UP_TO, Dispatcher
 
 
 def dispatcher_over(tenants: int) -> Dispatcher:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from router.health import Beat, HealthServer
+from router.fleet.health import Beat, HealthServer
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 
-from router.heap import return_large_blocks
+from router.process.heap import return_large_blocks
 
 
 def test_the_mapping_threshold_is_fixed_where_the_c_library_is_glibc() -> None:

@@ -49,15 +49,43 @@ def test_the_layers_hold_on_this_tree(tmp_path: Path) -> None:
     ("module", "line", "named"),
     [
         # the router importing the worker: a layer upside down
-        ("router/ring.py", "import worker.turn  # noqa", "router.ring -> worker.turn"),
+        (
+            "router/placement/ring.py",
+            "import worker.turn  # noqa",
+            "router.placement.ring -> worker.turn",
+        ),
         # the store importing the router
-        ("store/memory.py", "import router.ring  # noqa", "store.memory -> router.ring"),
+        (
+            "store/in_process.py",
+            "import router.placement.ring  # noqa",
+            "store.in_process -> router.placement.ring",
+        ),
         # an example reaching past the kernel
         ("examples/support_store/policies.py", "import store.base  # noqa", "store.base"),
         # the kernel doing I/O
         ("kernel/render.py", "import redis  # noqa", "kernel.render -> redis"),
         # a cycle between kernel modules
         ("kernel/record.py", "import kernel.step  # noqa", ".record -> .step"),
+        # placement reaching into admission: the two are independent
+        (
+            "router/placement/ring.py",
+            "import router.admission.drr  # noqa",
+            "router.placement.ring -> router.admission.drr",
+        ),
+        # the wire importing the router process above it
+        (
+            "router/wire/feed.py",
+            "import router.process.dispatch  # noqa",
+            "router.wire.feed -> router.process.dispatch",
+        ),
+        # the in-process admission policy knowing Redis
+        (
+            "router/admission/drr.py",
+            "import router.admission.redis.state  # noqa",
+            "router.admission.drr -> router.admission.redis.state",
+        ),
+        # ops' local fleets importing the CLI above them
+        ("ops/local/fleet.py", "import ops.cli.up  # noqa", "ops.local.fleet -> ops.cli.up"),
     ],
 )
 def test_a_wrong_import_fails_and_is_named(

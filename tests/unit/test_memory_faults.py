@@ -13,11 +13,11 @@ from kernel.events import DispatchTool
 from kernel.memory import MemoryItem, MemoryKind, Visibility
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
-from router.agents import AgentCache
+from router.fleet.agents import AgentCache
 from store.memory_base import DictMemory
 from worker.fleet_agents import TurnTools
 from worker.memory_tools import write_episode
-from worker.providers.base import InflightCalls
+from worker.providers.base import InFlightCalls
 from worker.turn_commands import CommandCarrier
 
 AGENT = "examples.support_store.remembering:agent"
@@ -66,7 +66,7 @@ def test_a_memory_store_that_does_not_answer_gives_unknown_or_error_not_a_crash(
     tools = TurnTools(
         AgentCache(), {}, backend_factory=lambda a, r: SupportStoreBackend(), memory=Unanswering()
     )
-    carrier = CommandCarrier(tools, InflightCalls(), None, lambda: 1_800_000_000.0)
+    carrier = CommandCarrier(tools, InFlightCalls(), None, lambda: 1_800_000_000.0)
     rec = record()
     wrote = carrier.call_tool(
         rec, command("remember_fact", {"key": "k", "value": "ar", "tags": ["lang"]})
@@ -97,7 +97,7 @@ def test_each_recall_reports_a_hit_or_a_miss_for_the_tenant() -> None:
     )
     carrier = CommandCarrier(
         tools,
-        InflightCalls(),
+        InFlightCalls(),
         None,
         lambda: 1_800_000_000.0,
         on_recall=lambda t, h: seen.append((t, h)),

@@ -21,7 +21,7 @@ from kernel.errors import (
     RingError,
     UnknownMember,
 )
-from router.ring import (
+from router.placement.ring import (
     DEFAULT_POINTS_PER_WEIGHT,
     Member,
     MemberState,
@@ -82,7 +82,7 @@ def test_known_placements_do_not_change_between_releases() -> None:
 
 _PLACEMENTS_SCRIPT = """
 import json
-from router.ring import Member, Ring
+from router.placement.ring import Member, Ring
 ring = Ring(Member(f"worker-{i:02d}", 1 + i % 3) for i in range(12))
 ring.drain("worker-05")
 keys = [f"trajectory-{i}" for i in range(10_000)]

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from kernel.errors import ConfigError, InvalidInput
-from router.retention import DAY_S, retention_s
-from router.tenants import DEFAULT_CLASS, AdmissionConfig
+from router.admission.tenants import DEFAULT_CLASS, AdmissionConfig
+from router.process.retention import DAY_S, retention_s
 
 TOML = """
 quantum_tokens = 8000

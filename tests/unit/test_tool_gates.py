@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.gates import GateConfig, MemoryGates
+from router.admission.gates import GateConfig, MemoryGates
 from tests.support import ManualClock
 from worker.leases import LeaseKeeper
 from worker.tool_gates import NoCapacity, ToolGates, tool_route

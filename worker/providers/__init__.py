@@ -13,7 +13,7 @@ from typing import Any
 
 from kernel.agent import AgentProfile, PolicyFn
 from worker.models import Model, ScriptedModel
-from worker.providers.base import CancelToken, InflightCalls, ProviderConfigError
+from worker.providers.base import CancelToken, InFlightCalls, ProviderConfigError
 from worker.providers.openai_compat import OpenAICompatible, from_profile_model
 from worker.providers.scripted import ReplayProvider
 from worker.recording import Recording
@@ -26,7 +26,7 @@ PROVIDERS = (SCRIPTED, OPENAI_COMPATIBLE, REPLAY)
 __all__ = [
     "PROVIDERS",
     "CancelToken",
-    "InflightCalls",
+    "InFlightCalls",
     "OpenAICompatible",
     "ProviderConfigError",
     "ReplayProvider",

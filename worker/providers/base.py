@@ -62,7 +62,7 @@ class CancelToken(threading.Event):
         return lambda: None
 
 
-class InflightCalls:
+class InFlightCalls:
     """The cancel tokens of the model calls a worker has in flight, by call id.
 
     A runner opens a token before it sends a call and closes it when the reply is in; the

@@ -207,7 +207,7 @@ def parse_text(text: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class FinishedExchange:
     """A finished exchange, normalised."""
 
     status: ReplyStatus
@@ -217,23 +217,27 @@ class Outcome:
     detail: str | None = None
 
 
-def finished(acc: Accumulator, keep_plan_step: frozenset[str]) -> Outcome:
+def finished(acc: Accumulator, keep_plan_step: frozenset[str]) -> FinishedExchange:
     """Normalise a complete exchange; see the module docstring for the status rules."""
     usage = parse_usage(acc.usage)
     if acc.error is not None:
-        return Outcome(ReplyStatus.FAULTED, raw=acc.partial(), usage=usage, detail=acc.error)
+        return FinishedExchange(
+            ReplyStatus.FAULTED, raw=acc.partial(), usage=usage, detail=acc.error
+        )
     reason = acc.finish_reason
     if acc.refusal or reason == "content_filter":
         text = "".join(acc.refusal) or acc.partial()
-        return Outcome(ReplyStatus.REFUSED, raw=text, usage=usage, detail=f"refused ({reason})")
+        return FinishedExchange(
+            ReplyStatus.REFUSED, raw=text, usage=usage, detail=f"refused ({reason})"
+        )
     if reason == "length":
-        return Outcome(ReplyStatus.TRUNCATED, raw=acc.text(), usage=usage, detail="length")
+        return FinishedExchange(ReplyStatus.TRUNCATED, raw=acc.text(), usage=usage, detail="length")
     if reason not in COMPLETED_REASONS:
         why = "no finish_reason" if reason is None else f"unknown finish_reason {reason!r}"
-        return Outcome(ReplyStatus.FAULTED, raw=acc.partial(), usage=usage, detail=why)
+        return FinishedExchange(ReplyStatus.FAULTED, raw=acc.partial(), usage=usage, detail=why)
     calls = acc.tool_calls()
     if calls:
         content = proposal(calls, keep_plan_step)
-        return Outcome(ReplyStatus.COMPLETED, content, json.dumps(content), usage)
+        return FinishedExchange(ReplyStatus.COMPLETED, content, json.dumps(content), usage)
     text = "".join(acc.content)
-    return Outcome(ReplyStatus.COMPLETED, parse_text(text), text, usage)
+    return FinishedExchange(ReplyStatus.COMPLETED, parse_text(text), text, usage)

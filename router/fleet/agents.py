@@ -1,0 +1,88 @@
+"""Agent modules loaded by reference (``MODULE:AGENT``), once per process.
+
+A record names its agent; routers (admission) and workers (turns) both load it through
+:class:`AgentCache`, which imports each module once and keeps its kernel context.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from kernel.agent import AgentModule
+from kernel.context import KernelContext
+from kernel.errors import UnknownAgent
+
+
+class Resolved(NamedTuple):
+    """What ``MODULE:NAME`` named: the module's name, the name, and the object (None if the
+    module lacks it)."""
+
+    module_name: str
+    name: str
+    found: Any
+
+
+def resolve(ref: str, kind: str) -> Resolved:
+    """Import ``MODULE:NAME`` (:class:`Resolved`).
+
+    A reference of the wrong form, or a module that cannot be imported, is refused naming it.
+    """
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise UnknownAgent(f"{kind} reference {ref!r} must look like MODULE:NAME")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UnknownAgent(f"{kind} module {module_name!r} cannot be imported: {exc}") from None
+    return Resolved(module_name, attr, getattr(module, attr, None))
+
+
+def load_agent(ref: str) -> AgentModule:
+    """Import ``MODULE:AGENT``; refuse a reference that does not name an agent."""
+    module_name, attr, agent = resolve(ref, "agent")
+    if not isinstance(agent, AgentModule):
+        raise UnknownAgent(f"{module_name} has no agent named {attr!r}")
+    return agent
+
+
+def load_factory(ref: str) -> Callable[..., Any]:
+    """Import ``MODULE:NAME`` and return the callable it names; refuse anything else."""
+    module_name, attr, found = resolve(ref, "factory")
+    if not callable(found):
+        raise UnknownAgent(f"{module_name} has no callable named {attr!r}")
+    factory: Callable[..., Any] = found
+    return factory
+
+
+class AgentCache:
+    """Agent modules and their kernel contexts by reference; thread-safe, loaded once each.
+
+    An unknown reference raises :class:`UnknownAgent` every time it is asked for (nothing is
+    cached for it), so a deployment that adds the module later is picked up. With ``allowed``,
+    a reference it refuses raises :class:`UnknownAgent` before anything is imported (asked on
+    every call, so an agent taken off the lists is refused from then on).
+    """
+
+    def __init__(self, allowed: Callable[[str], bool] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._agents: dict[str, tuple[AgentModule, KernelContext]] = {}
+        self.allowed = allowed
+
+    def get(self, ref: str) -> tuple[AgentModule, KernelContext]:
+        """The agent and its kernel context; raises :class:`UnknownAgent`."""
+        if self.allowed is not None and not self.allowed(ref):
+            raise UnknownAgent(f"agent {ref!r} is on no tenant's list of agents")
+        found = self._agents.get(ref)
+        if found is None:
+            agent = load_agent(ref)
+            found = (agent, KernelContext(agent.profile))
+            with self._lock:
+                found = self._agents.setdefault(ref, found)
+        return found
+
+    def context(self, ref: str) -> KernelContext:
+        """The kernel context of ``ref``."""
+        return self.get(ref)[1]
