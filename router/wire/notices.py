@@ -10,10 +10,11 @@ read format 2). Design: ``docs/adr/0006-fleet-wire.md``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 from kernel.errors import InvalidInput
 from kernel.record import TrajectoryRecord
@@ -79,7 +80,7 @@ class Notice:
             value = getattr(self, name)
             if value != default:
                 body[name] = value
-        return json.dumps(body, separators=(",", ":")).encode()
+        return orjson.dumps(body)
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Notice:
@@ -87,7 +88,7 @@ class Notice:
         malformed (a field this build does not know, or of the wrong type, included: a notice
         that would fail later, in the router's loop, must fail here)."""
         try:
-            body = json.loads(raw)
+            body = orjson.loads(raw)
             if isinstance(body, list):
                 body = _positional(body)
             elif not isinstance(body, dict) or body.pop("format", None) != NOTICE_FORMAT:
@@ -95,7 +96,7 @@ class Notice:
             kind = NoticeKind(body.pop("kind"))
             _check(body)
             return cls(kind, **body)
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError) as exc:  # orjson's JSONDecodeError is one
             raise InvalidInput(f"malformed notice: {exc}") from None
 
 
