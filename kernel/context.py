@@ -46,6 +46,10 @@ MISFIT_STOP = {
     Dimension.DOLLARS: StopReason.MAX_COST,
 }
 ENQUEUE = Enqueue()  # commands are frozen values: one serves every turn that ends READY
+#: Recoveries in a row (no turn ending on its own between them) after which a run ends FAILED:
+#: a fault of the fleet is no step of the agent and never counts towards its stalls, but a
+#: trajectory no worker manages to carry on must still end (seed 004: no state is a trap).
+MAX_RECOVERIES = 5
 
 
 @dataclass(frozen=True)
@@ -213,9 +217,13 @@ class Draft:
         rec.wait_deadline = None
         if counts_as_step:
             rec.stalls = 0 if signature(rec) != rec.turn_signature else rec.stalls + 1
+            rec.recoveries = 0
         pc = rec.pending_control
         if pc is not None and pc.kind is not ControlKind.PAUSE:
             self.carry_out_pending_control()  # an operator's stop outranks the run's own
+        elif rec.recoveries > MAX_RECOVERIES:
+            why = f"its turn was recovered {rec.recoveries} times: the fleet could not serve it"
+            self.stop(StopReason.FAILED, why)
         elif rec.stalls >= rec.budget.max_stalls:
             self.stop(StopReason.NO_PROGRESS)
         elif rec.error_streak.count >= rec.budget.max_same_error:

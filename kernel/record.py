@@ -26,10 +26,11 @@ from kernel.modeljson import json_native, model_json
 from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 4  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class
-#: Older records read as a 4 without what they lack (no overrun, no scratchpad, the tenant's
-#: first class).
-READABLE_SCHEMAS = frozenset({1, 2, 3, SCHEMA_VERSION})
+SCHEMA_VERSION = 5  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
+# 5: the recoveries count
+#: Older records read as a 5 without what they lack (no overrun, no scratchpad, the tenant's
+#: first class, no recoveries).
+READABLE_SCHEMAS = frozenset({1, 2, 3, 4, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
 
@@ -245,6 +246,7 @@ class TrajectoryRecord(Mutable):
     seen: dict[str, int] = Field(default_factory=dict)
     stalls: int = 0
     error_streak: ErrorStreak = Field(default_factory=ErrorStreak)
+    recoveries: int = 0  # turns recovered since a turn last ended on its own
     # authority, obligations, held approval
     grants: Grants = Field(default_factory=Grants)
     operations: dict[str, Operation] = Field(default_factory=dict)

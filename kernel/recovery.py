@@ -34,11 +34,16 @@ def on_recover(draft: Draft) -> None:
                 op.eligible = False
                 op.status = OpStatus.UNKNOWN  # may have been sent: the reservation stays
         rec.control_epoch += 1
-        draft.row(RowKind.CONTROL, outcome="recovered", detail={"state": "CALLING_MODEL"})
-        draft.end_turn(Cause.WITHDRAWN)
+        rec.recoveries += 1
+        detail = {"state": "CALLING_MODEL", "recoveries": rec.recoveries}
+        draft.row(RowKind.CONTROL, outcome="recovered", detail=detail)
+        # The fleet's fault, not the agent's: no step, so no stall (MAX_RECOVERIES bounds it).
+        draft.end_turn(Cause.WITHDRAWN, counts_as_step=False)
         return
     if rec.state is S.WAITING_TOOL:
-        draft.row(RowKind.CONTROL, outcome="recovered", detail={"state": "WAITING_TOOL"})
+        rec.recoveries += 1
+        detail = {"state": "WAITING_TOOL", "recoveries": rec.recoveries}
+        draft.row(RowKind.CONTROL, outcome="recovered", detail=detail)
         for op in list(rec.operations.values()):
             if op.kind is not OpKind.TOOL or not op.eligible or not op.open:
                 continue

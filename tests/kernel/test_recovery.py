@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from examples.support_store import refund_tool
+from kernel.context import MAX_RECOVERIES
 from kernel.events import CallModel, DispatchTool, Enqueue, LookupEffect, Recover
 from kernel.record import OpStatus
 from kernel.states import LifecycleState, StopReason
@@ -95,3 +96,35 @@ def test_finalize_is_refused_while_a_turn_is_in_flight() -> None:
     with pytest.raises(IllegalTransition):
         d.apply(Finalize(now=d.now, stop=StopReason.MAX_TOKENS))
     assert d.rec.to_json() == before
+
+
+def test_recoveries_are_no_steps_of_the_agent_and_never_count_as_stalls() -> None:
+    """A fault of the fleet is not the agent's: a turn recovered again and again (more times
+    than the stall limit) leaves the run READY with no stall counted."""
+    d = Driver()
+    d.reply(d.admit(), PLAN)
+    stalls = d.rec.stalls
+    for n in range(1, d.rec.budget.max_stalls + 2):
+        d.admit()
+        d.apply(Recover(now=d.now, worker="w1"))
+        assert d.rec.state is S.READY and d.commands(Enqueue), f"recovery {n} queues it again"
+        assert d.rec.stalls == stalls and d.rec.recoveries == n
+    d.reply(d.admit(), REFUND)
+    (refund,) = d.commands(DispatchTool)
+    d.result(refund, {"status": "ok", "refunded_cents": 3000})
+    assert d.rec.recoveries == 0, "a turn that ended on its own starts the count again"
+
+
+def test_a_turn_recovered_past_the_bound_ends_the_run_with_its_own_detail() -> None:
+    d = Driver()
+    d.reply(d.admit(), PLAN)
+    for _ in range(MAX_RECOVERIES):
+        d.admit()
+        d.apply(Recover(now=d.now, worker="w1"))
+        assert d.rec.state is S.READY
+    d.admit()
+    d.apply(Recover(now=d.now, worker="w1"))
+    assert d.rec.state is S.FAILED and d.rec.stop_reason is StopReason.FAILED
+    assert d.last is not None
+    (stop,) = [row for row in d.last.rows if row.kind.value == "stop"]
+    assert stop.error is not None and f"recovered {MAX_RECOVERIES + 1} times" in stop.error

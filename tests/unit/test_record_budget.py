@@ -78,24 +78,24 @@ def test_json_round_trip_is_exact() -> None:
     assert back == rec
     assert back.to_json() == data
     assert isinstance(back.ledger.dollars.actual, Decimal)
-    assert json.loads(data)["schema_version"] == SCHEMA_VERSION == 4
+    assert json.loads(data)["schema_version"] == SCHEMA_VERSION == 5
 
 
 def test_unknown_schema_version_is_refused() -> None:
     raw = json.loads(busy_record().to_json())
-    raw["schema_version"] = 5
-    with pytest.raises(UnsupportedSchema, match=r"t1.*schema version 5"):
+    raw["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(UnsupportedSchema, match=rf"t1.*schema version {SCHEMA_VERSION + 1}"):
         TrajectoryRecord.from_json(json.dumps(raw))
 
 
-def test_a_version_1_record_reads_as_version_4_with_no_overrun() -> None:
+def test_a_version_1_record_reads_as_this_version_with_no_overrun() -> None:
     raw = json.loads(busy_record().to_json())
     raw["schema_version"] = 1
     del raw["ledger"]["overrun"]  # version 1 had none
     del raw["scratchpad"]  # nor a scratchpad
     del raw["service_class"]  # nor a class
     back = TrajectoryRecord.from_json(json.dumps(raw))
-    assert back.schema_version == 4 and back.ledger.overrun == Amounts()
+    assert back.schema_version == SCHEMA_VERSION and back.ledger.overrun == Amounts()
     assert back.scratchpad is None and back.service_class is None
     assert json.loads(back.to_json())["ledger"]["overrun"]["tokens"] == 0
 
@@ -106,7 +106,7 @@ def test_a_version_2_record_reads_with_the_tenants_first_class_and_keeps_a_class
     del raw["service_class"]  # version 2 had none
     del raw["scratchpad"]
     back = TrajectoryRecord.from_json(json.dumps(raw))
-    assert back.schema_version == 4 and back.service_class is None
+    assert back.schema_version == SCHEMA_VERSION and back.service_class is None
     assert json.loads(back.to_json())["service_class"] is None
     raw = json.loads(busy_record().to_json())
     raw["service_class"] = "maintenance"
@@ -120,7 +120,7 @@ def test_a_version_3_record_reads_with_its_scratchpad_and_no_class() -> None:
     raw["schema_version"] = 3
     del raw["service_class"]  # version 3 had the scratchpad, not the class
     back = TrajectoryRecord.from_json(json.dumps(raw))
-    assert back.schema_version == 4 and back.service_class is None
+    assert back.schema_version == SCHEMA_VERSION and back.service_class is None
 
 
 @pytest.mark.parametrize(
@@ -146,3 +146,11 @@ def test_overrides() -> None:
         Budget().with_overrides(["max_stepz=3"])
     with pytest.raises(InvalidBudget, match="key=value"):
         Budget().with_overrides(["max_steps"])
+
+
+def test_a_version_4_record_reads_with_no_recoveries() -> None:
+    raw = json.loads(busy_record().to_json())
+    raw["schema_version"] = 4
+    del raw["recoveries"]
+    back = TrajectoryRecord.from_json(json.dumps(raw))
+    assert back.schema_version == SCHEMA_VERSION and back.recoveries == 0
