@@ -19,7 +19,7 @@ from kernel.amounts import Dimension
 from kernel.chain import ChainRow, RowKind
 from kernel.closing import closing_message
 from kernel.errors import IllegalTransition
-from kernel.events import Command, Enqueue, Finish
+from kernel.events import Command, DispatchTool, Enqueue, Finish, LookupEffect
 from kernel.fastmodel import construct, shallow_copy
 from kernel.jsontext import plain_text
 from kernel.lifecycle import Cause, Decision, transition
@@ -46,6 +46,7 @@ MISFIT_STOP = {
     Dimension.DOLLARS: StopReason.MAX_COST,
 }
 ENQUEUE = Enqueue()  # commands are frozen values: one serves every turn that ends READY
+FENCED = (DispatchTool, LookupEffect)  # the commands that carry a fencing token
 #: Recoveries in a row (no turn ending on its own between them) after which a run ends FAILED:
 #: a fault of the fleet is no step of the agent and never counts towards its stalls, but a
 #: trajectory no worker manages to carry on must still end (seed 004: no state is a trap).
@@ -115,9 +116,12 @@ class Draft:
         self.rec = rec.clone()
         self.ctx = ctx
         self.now = now
-        # The fencing token of every tool attempt and lookup this step sends: the version its
-        # commit writes first, so larger than any token an earlier committed step gave out.
-        self.fence = rec.record_version + 1
+        # The fencing token of every tool attempt and lookup this step sends: above every token
+        # the run gave out before, and at least the step's time in microseconds, so a token
+        # given out after the store lost its last second of commits (Redis restarted with
+        # appendfsync everysec, the record rolled back) is still above every token given out
+        # before the loss, which the backends may have seen (docs/adr/0046-fencing.md).
+        self.fence = max(rec.fence + 1, int(now * 1_000_000))
         self.commands: list[Command] = []
         self.rows: list[dict[str, Any]] = []  # chain rows, completed in result()
         self.quarantined: IllegalTransition | None = None
@@ -205,6 +209,8 @@ class Draft:
         """Package the outcome; the chain rows carry the version they are committed with."""
         version = self.rec.record_version
         rows = [construct(ChainRow, record_version=version, **r) for r in self.rows]
+        if self.fence > self.rec.fence and any(isinstance(c, FENCED) for c in self.commands):
+            self.rec.fence = self.fence  # given out: the next step's tokens go above it
         return StepResult(self.rec, self.commands, rows, self.quarantined, self.note, self.ack)
 
     # --- ending a turn and ending the run ------------------------------------------------

@@ -27,7 +27,7 @@ from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
 SCHEMA_VERSION = 5  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
-# 5: the recoveries count
+# 5: the recoveries count and the highest fence
 #: Older records read as a 5 without what they lack (no overrun, no scratchpad, the tenant's
 #: first class, no recoveries).
 READABLE_SCHEMAS = frozenset({1, 2, 3, 4, SCHEMA_VERSION})
@@ -247,6 +247,7 @@ class TrajectoryRecord(Mutable):
     stalls: int = 0
     error_streak: ErrorStreak = Field(default_factory=ErrorStreak)
     recoveries: int = 0  # turns recovered since a turn last ended on its own
+    fence: int = 0  # the highest fencing token given out to a backend
     # authority, obligations, held approval
     grants: Grants = Field(default_factory=Grants)
     operations: dict[str, Operation] = Field(default_factory=dict)
