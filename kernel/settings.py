@@ -49,6 +49,12 @@ class Settings(BaseModel):
         description="a member whose queue has work and whose consumer took nothing for this long "
         "is treated as dead",
     )
+    look_up_before_write: bool = Field(
+        True,
+        description="a worker looks up the key of a write whose tool resolves unknown outcomes "
+        "by lookup before sending it, so a registration the store lost (Redis's everysec) "
+        "never sends the write twice",
+    )
     owed_after_s: float | None = Field(
         None,
         gt=0,

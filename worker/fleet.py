@@ -134,6 +134,7 @@ class FleetWorker:
             leases=self.leases,
             follow_on=self._follow_on(gates, custody, observer),
             max_call_s=settings.max_turn_s,
+            look_first=settings.look_up_before_write,
             tool_gates=ToolGates(
                 gates,
                 self.leases,

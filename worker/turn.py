@@ -122,6 +122,7 @@ class TurnRunner:
         follow_on: FollowOn | None = None,
         max_call_s: float = float("inf"),
         tool_gates: ToolGates | None = None,
+        look_first: bool = False,
     ) -> None:
         calls_in_flight = (
             calls_in_flight if calls_in_flight is not None else InFlightCalls()
@@ -134,6 +135,7 @@ class TurnRunner:
             max_call_s,
             tool_gates,
             on_recall=self._on_recall,
+            look_first=look_first,
         )
         self._ending = TurnEnding(feed, worker, custody, leases)
         self.store = store

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect, ToolResulted
 from kernel.record import TrajectoryRecord
-from kernel.tools import ToolKind
+from kernel.tools import OnUnknown, ToolKind
 from router.wire.feed import CancelListener
 from worker import memory_tools
 from worker.backend import dispatch
@@ -56,6 +56,7 @@ class CommandCarrier:
         max_call_s: float = float("inf"),
         tool_gates: ToolGates | None = None,
         on_recall: Callable[[str, bool], None] | None = None,
+        look_first: bool = False,
     ) -> None:
         self.tools, self.calls_in_flight, self.listener, self.clock = (
             tools,
@@ -66,6 +67,7 @@ class CommandCarrier:
         self.max_call_s = max_call_s
         self.tool_gates = tool_gates  # None: no tool's capacity is gated here
         self.on_recall = on_recall  # told whether each recall_facts found anything
+        self.look_first = look_first  # REINS_LOOK_UP_BEFORE_WRITE (worker.backend.dispatch)
 
     def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, Metered | None]:
         """Do what ``cmd`` asks; its event, and for a model call what its reply metered."""
@@ -102,6 +104,13 @@ class CommandCarrier:
         within = self.max_call_s if self.max_call_s < float("inf") else cmd.timeout_s
         return self.tool_gates.held(cmd.tool, cmd.attempt_id, within)
 
+    def _looks_up(self, rec: TrajectoryRecord, cmd: DispatchTool) -> bool:
+        """True for a write whose tool resolves an unknown outcome by looking its key up."""
+        spec = self.tools.profile(rec.agent).catalog.get(cmd.tool)
+        return (
+            spec is not None and spec.kind is ToolKind.WRITE and spec.on_unknown is OnUnknown.LOOKUP
+        )
+
     def remember_episode(self, rec: TrajectoryRecord) -> None:
         """Write the episode of ``rec``, which a turn ended, if its agent keeps episodes."""
         memory = self.tools.memory
@@ -120,9 +129,10 @@ class CommandCarrier:
         looked_up = isinstance(cmd, LookupEffect)
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
             cmd = cmd.model_copy(update={"timeout_s": self.max_call_s})
+        first = self.look_first and isinstance(cmd, DispatchTool) and self._looks_up(rec, cmd)
         try:
             with self._capacity(cmd):
-                result, secs = dispatch(backend, rec.user, cmd)
+                result, secs = dispatch(backend, rec.user, cmd, look_first=first)
         except NoCapacity as exc:  # the backend was never called: nothing happened
             log.info("%s: tool %s not called: %s", rec.trajectory_id, cmd.tool, exc)
             result, secs = {"status": "error", "code": "no_capacity"}, 0.0
