@@ -47,7 +47,11 @@ class StoreState(ABC):
 
     ``deduplicate=False`` makes it a service that cannot de-duplicate: a repeated key runs its
     write again (its result is still stored, for lookups), so only fences keep a late write of
-    an older attempt out. The support store itself de-duplicates; tests use both.
+    an older attempt out. The support store itself de-duplicates; tests use both. Every write
+    that passes its fence is counted by key and tool, whatever it then does (ran, replayed,
+    or failed the store's rules: :meth:`write_attempts`), so a client that sends one write
+    twice shows there even when the second changed nothing; a write its fence refused is
+    counted apart (:meth:`fenced_writes`).
     """
 
     deduplicate: bool = True
@@ -78,6 +82,10 @@ class StoreState(ABC):
     def fenced_writes(self) -> int:
         """How many writes were refused for an older fence."""
 
+    @abstractmethod
+    def write_attempts(self) -> dict[str, int]:
+        """How many writes passed their fence, by ``<tool> <key>`` (each at least 1)."""
+
 
 class MemoryState(StoreState):
     """State in this process, behind one lock."""
@@ -88,6 +96,7 @@ class MemoryState(StoreState):
         self._effects: list[Effect] = []
         self._fences: dict[str, int] = {}
         self._fenced = 0
+        self._attempts: dict[str, int] = {}
         self._lock = threading.Lock()
         self.deduplicate = deduplicate
 
@@ -108,6 +117,8 @@ class MemoryState(StoreState):
             if fence < self._fences.get(key, 0):
                 self._fenced += 1
                 return dict(REFUSED), Written.FENCED
+            attempt = f"{tool} {key}"
+            self._attempts[attempt] = self._attempts.get(attempt, 0) + 1
             self._fences[key] = fence
             done = self._done.get(key, {}).get(tool)
             if done is not None and self.deduplicate:
@@ -128,6 +139,10 @@ class MemoryState(StoreState):
     def fenced_writes(self) -> int:
         with self._lock:
             return self._fenced
+
+    def write_attempts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._attempts)
 
     def orders(self) -> dict[str, Order]:
         """A copy of every order (for invariant checks)."""
@@ -177,10 +192,11 @@ class RedisState(StoreState):
                         return dict(REFUSED), Written.FENCED
                     raw = pipe.hget(done_key, tool)
                     if raw is not None and self.deduplicate:
+                        pipe.multi()
                         if fence > seen:
-                            pipe.multi()
                             pipe.set(fence_key, fence)
-                            pipe.execute()
+                        pipe.hincrby(f"{self.p}:attempts", f"{tool} {key}", 1)
+                        pipe.execute()
                         return json.loads(raw), Written.REPLAYED
                     raw_order = pipe.get(order_key)
                     current = json.loads(raw_order) if raw_order is not None else None
@@ -194,6 +210,7 @@ class RedisState(StoreState):
                         for effect in effects:
                             pipe.rpush(f"{self.p}:effects", json.dumps(effect))
                         pipe.hset(done_key, tool, json.dumps(result))
+                    pipe.hincrby(f"{self.p}:attempts", f"{tool} {key}", 1)
                     pipe.execute()
                     return result, Written.RAN
                 except redis.WatchError:
@@ -205,3 +222,7 @@ class RedisState(StoreState):
 
     def fenced_writes(self) -> int:
         return int(self.r.get(f"{self.p}:fenced") or 0)
+
+    def write_attempts(self) -> dict[str, int]:
+        raw: dict[bytes, bytes] = self.r.hgetall(f"{self.p}:attempts")  # type: ignore[assignment]
+        return {k.decode(): int(v) for k, v in raw.items()}

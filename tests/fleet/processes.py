@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from examples.support_store.state import RedisState
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import TERMINAL
@@ -26,6 +27,15 @@ from tests.fleet.conftest import WEIGHTS
 from tests.support import wait_for
 
 BACKEND = "ops.cli.fleet:support_store_redis"
+#: The support store as a service that cannot de-duplicate: a write sent twice runs twice.
+UNDEDUPLICATED = "tests.fleet.faults:undeduplicated_store"
+#: The workers' look-up before a write off: what keeps a write single in the fault tests is
+#: then the kernel's own discipline (register before send, look up a recovered write), so a
+#: build that breaks it fails them; the look-up is a net for a store that lost commits.
+KERNEL_ALONE = {"REINS_LOOK_UP_BEFORE_WRITE": "false"}
+#: An order total with room for three of the agent's 3,000-cent refunds, so a refund sent twice
+#: is not refused by the store's own rule and shows in the effects.
+ROOMY_TOTAL = 9_000
 
 
 def start(
@@ -37,11 +47,12 @@ def start(
     routers: Iterable[str] = ("r1", "r2"),
     worker_args: Iterable[str] = (),
     env: dict[str, str] | None = None,
+    backend: str = BACKEND,
 ) -> None:
     """Start workers and routers and wait until every router's ring holds every worker."""
     workers, routers = list(workers), list(routers)
     for w in workers:
-        fleet.start("worker", w, "--backend", BACKEND, *worker_args, env=env)
+        fleet.start("worker", w, "--backend", backend, *worker_args, env=env)
     for r in routers:
         args = ["--admitter", admitter] + (["--gates", str(gates)] if gates else [])
         fleet.start("router", r, *args, env=env)
@@ -118,6 +129,17 @@ def effects_by_order(effects: list[list[Any]]) -> dict[str, Counter[str]]:
     for effect in effects:
         out[str(effect[1])][str(effect[0])] += 1
     return out
+
+
+def sent_twice(client: redis.Redis, prefix: str) -> dict[str, Any]:
+    """What the shared support store shows of writes reins sent more than once: write
+    attempts beyond one per key (counted as the store received them, refused ones included)
+    and orders with more than one refund or e-mail. Empty when every write went once."""
+    state = RedisState(client, prefix, seed=False)
+    attempts = {k: n for k, n in state.write_attempts().items() if n > 1}
+    effects = effects_by_order(state.effects())
+    orders = {o: dict(c) for o, c in effects.items() if c["refund"] > 1 or c["email"] > 1}
+    return {"attempts": attempts, "orders": orders} if attempts or orders else {}
 
 
 def over_allowance(rec: TrajectoryRecord) -> list[str]:

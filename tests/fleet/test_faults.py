@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 import redis
 
-from examples.support_store.state import RedisState
 from kernel.states import TERMINAL
 from ops.local.fleet import LocalFleet
 from router.placement.membership import Membership
@@ -37,11 +36,14 @@ from store.redis_store import RedisStore
 from tests.conftest import REDIS_URL
 from tests.fleet.brokers import AMQP_URL, delete_member_queues, require_rabbitmq
 from tests.fleet.conftest import WEIGHTS
+from tests.fleet.faults import answering_key
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
-    BACKEND,
+    KERNEL_ALONE,
+    ROOMY_TOTAL,
+    UNDEDUPLICATED,
     caller_api,
-    effects_by_order,
+    sent_twice,
     start,
     stop_all,
     wait_all_ended,
@@ -58,6 +60,7 @@ FAULT_ENV = {
     "REINS_MAX_TURN_S": "3",
     "REINS_STALL_TIMEOUT_S": "4",
     "REINS_SCRIPTED_LATENCY_S": "0.3",
+    **KERNEL_ALONE,
 }
 
 
@@ -75,7 +78,7 @@ class Faulty:
 
     def submit(self, count: int, first_order: int) -> None:
         api = caller_api({**self.env, "REINS_REDIS_URL": REDIS_URL}, self.client, "redis", None)
-        orders = seed_orders(self.client, self.prefix, first_order, count)
+        orders = seed_orders(self.client, self.prefix, first_order, count, total=ROOMY_TOTAL)
         self.ids += submit_refunds(api, orders, list(WEIGHTS))
 
     def ended(self, timeout_s: float = 120) -> float:
@@ -85,9 +88,8 @@ class Faulty:
         took = time.monotonic() - began
         records = [self.store.load(t, i) for t, i in self.ids]
         assert all(r.state in TERMINAL for r in records)
-        effects = effects_by_order(RedisState(self.client, self.prefix, seed=False).effects())
-        twice = {o: c for o, c in effects.items() if c["refund"] > 1 or c["email"] > 1}
-        assert twice == {}, f"an effect happened twice: {twice}"
+        twice = sent_twice(self.client, self.prefix)
+        assert twice == {}, f"a write was sent twice: {twice}"
         return took
 
 
@@ -172,7 +174,7 @@ def test_a_black_holed_redis_connection_hangs_no_process(
     }
     run = Faulty(env, tmp_path / "fleet", redis_client)
     try:
-        start(run.fleet, routers=("r1", "r2"))
+        start(run.fleet, backend=UNDEDUPLICATED, routers=("r1", "r2"))
         run.submit(120, 2000)
         # every connection of every process: accepted, never answered
         through_the_hole(run, proxy, "Timeout", 30)
@@ -200,7 +202,7 @@ def test_a_black_holed_rabbitmq_exits_no_router_and_loses_no_turn(
     via_proxy = {"REINS_BROKER_URL": AMQP_URL.replace(f":{port}/", f":{proxy.port}/")}
     run = Faulty(env, tmp_path / "fleet", redis_client)
     try:
-        start(run.fleet, routers=())
+        start(run.fleet, backend=UNDEDUPLICATED, routers=())
         for r in ("r1", "r2"):
             run.fleet.start("router", r, "--admitter", "redis", env=via_proxy)
         run.fleet.wait_ready(["w1", "w2"], ["r1", "r2"])
@@ -216,18 +218,39 @@ def test_a_black_holed_rabbitmq_exits_no_router_and_loses_no_turn(
         delete_member_queues(env, run.fleet.procs)
 
 
+def test_a_worker_killed_while_its_writes_await_their_answers_sends_none_again(
+    faulty: Faulty,
+) -> None:
+    """The refunds and e-mails w2 had carried out and not yet heard back about are recovered:
+    each is looked up and found, never sent again (the store cannot de-duplicate, and every
+    order has room for a second refund)."""
+    start(faulty.fleet, backend=UNDEDUPLICATED, routers=("r1",))
+    answering = answering_key(faulty.prefix, faulty.fleet.procs["w2"].pid)
+    faulty.submit(80, 2800)
+    wait_for(
+        lambda: faulty.client.hlen(answering) >= 4,
+        60,
+        "w2 to await the answers of 4 writes",
+        every_s=0.01,
+    )
+    awaited = faulty.client.hlen(answering)
+    faulty.fleet.kill("w2")  # the effects happened; the answers will never arrive
+    took = faulty.ended()  # nothing sent twice (checked there)
+    print(f"\nw2 killed awaiting {awaited} writes' answers; all ended {took:.1f}s after")
+
+
 def test_a_worker_started_again_under_its_name_hands_its_turns_to_the_reconciler(
     faulty_slow_to_lapse: Faulty,
 ) -> None:
     faulty = faulty_slow_to_lapse  # w2 is back well within the heartbeat timeout
-    start(faulty.fleet, routers=("r1",))
+    start(faulty.fleet, backend=UNDEDUPLICATED, routers=("r1",))
     faulty.submit(100, 2200)
     wait_for(
         lambda: len(faulty.custody.entrusted_to("w2")) >= 15, 60, "w2 to have 15 turns in custody"
     )
     held = len(faulty.custody.entrusted_to("w2"))
     faulty.fleet.kill("w2")  # a crash; its container restarts at once under the same name
-    faulty.fleet.start("worker", "w2", "--backend", BACKEND)
+    faulty.fleet.start("worker", "w2", "--backend", UNDEDUPLICATED)
     took = faulty.ended()
     recoveries = faulty.custody.recoveries()
     earlier = [e for e in recoveries if e["member"].startswith("w2 (incarnation ")]
@@ -242,7 +265,7 @@ def test_a_worker_started_again_under_its_name_hands_its_turns_to_the_reconciler
 def test_a_wedged_worker_whose_heartbeat_goes_on_is_treated_as_dead(faulty: Faulty) -> None:
     port = free_port()
     wedged = {"REINS_WORKER_CONCURRENCY": "2", "REINS_HEALTH_PORT": str(port)}
-    faulty.fleet.start("worker", "w1", "--backend", BACKEND)
+    faulty.fleet.start("worker", "w1", "--backend", UNDEDUPLICATED)
     faulty.fleet.start(
         "worker", "w2", "--backend", "tests.fleet.faults:hung_support_store", env=wedged
     )
@@ -275,7 +298,7 @@ def test_a_wedged_worker_whose_heartbeat_goes_on_is_treated_as_dead(faulty: Faul
 
 def test_notices_lost_with_their_feed_leave_no_trajectory_behind(faulty: Faulty) -> None:
     env = {"REINS_FOLLOW_ON_TURNS": "0"}  # every turn's end goes through the feed
-    start(faulty.fleet, routers=("r1", "r2"), env=env)
+    start(faulty.fleet, backend=UNDEDUPLICATED, routers=("r1", "r2"), env=env)
     faulty.submit(90, 2600)
     feed = Feed(faulty.client, faulty.prefix)
     wait_for(lambda: len(feed.admissions()) >= 60, 60, "60 admissions")
@@ -295,7 +318,7 @@ def test_unparseable_notices_among_good_ones_are_set_aside_and_stop_nothing(
     faulty: Faulty,
 ) -> None:
     env = {"REINS_FOLLOW_ON_TURNS": "0"}  # every turn's end goes through the feed
-    start(faulty.fleet, routers=("r1", "r2"), env=env)
+    start(faulty.fleet, backend=UNDEDUPLICATED, routers=("r1", "r2"), env=env)
     feed = Feed(faulty.client, faulty.prefix)
     poison = [b"not json", b'["ready","acme"]', b'["from-a-newer-build",1,2,3]']
     for raw in poison:  # written between good notices, as a newer build's worker would

@@ -2,7 +2,7 @@
 
 For tests that kill Redis and start it again: ``--appendonly yes --appendfsync always``, so a
 write Redis acknowledged survives a SIGKILL, and a restart on the same port and directory loads
-it back.
+it back; or ``fsync="everysec"`` (Redis's default), which may lose its last second of writes.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class OwnRedis:
 
     dir: Path
     port: int = field(default_factory=free_port)
+    fsync: str = "always"  # appendfsync: always, everysec
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -47,7 +48,7 @@ class OwnRedis:
         if binary is None:
             pytest.fail("redis-server is not installed (make test installs it)")
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
-        args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", self.fsync, "--save", ""]
         args += ["--logfile", str(self.dir / "redis.log")]
         self.proc = subprocess.Popen([binary, *args])
         probe = redis.Redis.from_url(self.url, socket_timeout=1)
