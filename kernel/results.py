@@ -142,7 +142,12 @@ def _on_fenced(draft: Draft, op: Operation, spec: ToolSpec | None, ev: ToolResul
         outcome="error",
         error=FENCED,
         duration_s=ev.latency_s,
-        detail={"key": op.idempotency_key, "attempt": ev.attempt_id, "looked_up": ev.looked_up},
+        detail={
+            "key": op.idempotency_key,
+            "attempt": ev.attempt_id,
+            "looked_up": ev.looked_up,
+            "awaited": awaited,  # no newer attempt of this run explains the refusal
+        },
     )
     if awaited and spec is not None:
         draft.spend_time(ev.latency_s)

@@ -34,13 +34,18 @@ def bench_cmd(
     broker: str | None = typer.Option(
         None, "--broker", help="fleet: the broker, redis (the default) or amqp (RabbitMQ)"
     ),
+    minutes: float | None = typer.Option(
+        None, "--minutes", help="soak: how long the load and its faults last"
+    ),
 ) -> None:
     """Run one benchmark side by side with its peer and print the figures."""
     run = benchmarks.load(name)
     if trajectories is not None and trajectories < 1:
         raise typer.BadParameter(f"--trajectories must be at least 1, got {trajectories}")
+    if minutes is not None and not 0.5 <= minutes <= 600:
+        raise typer.BadParameter(f"--minutes must be between 0.5 and 600, got {minutes}")
     options = benchmarks.options(
-        name, run, cluster=cluster, trajectories=trajectories, broker=broker
+        name, run, cluster=cluster, trajectories=trajectories, broker=broker, minutes=minutes
     )
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
