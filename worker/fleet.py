@@ -38,7 +38,7 @@ from router.fleet.agents import AgentCache
 from router.fleet.config import ConfigSource, importable
 from router.fleet.health import Beat, HealthServer, live_within_s, serve_probes
 from router.placement.membership import Membership, Progress
-from router.wire.broker import noops_key
+from router.wire.broker import TURN_TASK, noops_key
 from router.wire.custody import Custody
 from router.wire.feed import CancelListener, Feed
 from router.wire.publishers import member_queue
@@ -150,6 +150,7 @@ class FleetWorker:
         self.beat = Beat("the heartbeat")
         self.registered = False
         self.taken = self.finished = 0  # messages this consumer took, and finished
+        self.received = 0  # turn messages the consumer received (started or not)
         self.turn_cpu_s = 0.0  # CPU the turns themselves took in their threads (not Celery's)
         self.noops, self.last_noop_at, self._noops_told = 0, 0.0, 0  # the benchmark's no-ops
         self._figures = threading.Lock()
@@ -303,14 +304,22 @@ class FleetWorker:
         return None
 
     def progress(self) -> Progress:
-        """What the consumer has done, and how many messages wait in its queue."""
+        """What the consumer has done, and how many messages wait for it: in its queue, and
+        received by it but not started (a turn message may wait here behind turns that run
+        long; the routers' stranded-turn sweep must not take it for lost)."""
         with self._figures:
-            taken, finished = self.taken, self.finished
+            taken, finished, waiting = self.taken, self.finished, self.received - self.taken
         try:
             queued = self.queued()
         except Exception:  # the broker is out of reach: no work seen, nothing to call stalled
             queued = 0
-        return Progress(taken, finished, queued)
+        return Progress(taken, finished, queued + max(waiting, 0))
+
+    def note_received(self, name: str) -> None:
+        """The consumer received a task message (a turn's is counted until it starts)."""
+        if name == TURN_TASK:
+            with self._figures:
+                self.received += 1
 
     def stalled(self) -> str | None:
         """Why this worker's consumer looks wedged (its queue has work and it took nothing for
@@ -455,8 +464,12 @@ def run_worker(
     def shutdown(**_: Any) -> None:
         worker.on_shutdown()
 
+    def received(request: Any = None, **_: Any) -> None:
+        worker.note_received(getattr(request, "name", ""))
+
     signals.worker_ready.connect(ready, weak=False)
     signals.worker_shutdown.connect(shutdown, weak=False)
+    signals.task_received.connect(received, weak=False)
     celery_worker: Any = app.Worker(
         hostname=f"{options.name}@{socket.gethostname()}",
         queues=[worker.queue],
