@@ -217,7 +217,7 @@ def resolve_unknown(draft: Draft, op: Operation, spec: ToolSpec, looked_up: bool
         return
     attempt = f"{op.call_id}/a{len(op.attempts) + 1}"
     timeout = round(rec.budget.deadline_s - rec.active_s, 6)
-    if False and rule is OnUnknown.LOOKUP and not looked_up:
+    if rule is OnUnknown.LOOKUP and not looked_up:
         owed.send_lookup(draft, op, attempt, spec.name)
         return
     # resend (or a lookup that found no effect): a new attempt under the same key,
