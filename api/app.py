@@ -25,6 +25,10 @@ from api.limits import BodyLimit
 from kernel.settings import Settings
 
 
+def _not_ready(code: str, why: str, error_id: str) -> JSONResponse:
+    return JSONResponse({"ready": False, "code": code, "why": why, "error_id": error_id}, 503)
+
+
 def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
     """The application; ``front`` replaces the parts wired from ``settings`` (tests)."""
     parts = front if front is not None else Front.wire(settings)
@@ -56,16 +60,20 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
 
     @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready"}})
     def readyz(request: Request) -> JSONResponse:
-        """Redis answers and the fleet's configuration is applied."""
+        """Redis answers and the fleet's configuration is applied. Not ready: a ``code`` and an
+        ``error_id`` (the API's log line of it holds the cause), never the error's text, since
+        anyone may ask."""
         front = front_of(request)
         try:
             front.client.ping()
             fleet = front.config.peek()
         except Exception as exc:  # any failure to read Redis means not ready
-            return JSONResponse({"ready": False, "why": f"redis: {exc}"}, 503)
+            problem = problems.logged(request, problems.failed(503, "store_unavailable"), exc)
+            return _not_ready(problem.code, "the store's Redis did not answer", problem.error_id)
         if fleet is None:
             why = "no fleet configuration: run reins config apply FILE"
-            return JSONResponse({"ready": False, "why": why}, 503)
+            problem = problems.logged(request, problems.failed(503, "not_configured"))
+            return _not_ready(problem.code, why, problem.error_id)
         return JSONResponse({"ready": True, "config_version": fleet.version})
 
     return app

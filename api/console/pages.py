@@ -23,7 +23,7 @@ from api.auth import front_of
 from api.console import session, shown
 from api.console.session import SignedIn, SignInNeeded
 from api.keys import Grant, Scope
-from api.problems import Problem, from_reins
+from api.problems import Problem, from_reins, logged
 from api.views import DecisionRequest, Trajectory
 from kernel.errors import ReinsError
 from kernel.record import ControlKind
@@ -50,9 +50,9 @@ class PageRoute(APIRoute):
             except SignInNeeded:
                 return RedirectResponse(f"/ui/signin?next={request.url.path}", 303)
             except Problem as problem:
-                return refused(request, problem)
+                return refused(request, logged(request, problem, problem))
             except ReinsError as exc:
-                return refused(request, from_reins(exc))
+                return refused(request, logged(request, from_reins(exc), exc))
 
         return run
 
