@@ -12,6 +12,7 @@ while nothing happens), so a follower holds no thread; a comment line goes out e
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 import anyio.to_thread
 
 from kernel.chain import ChainRow, RowKind
+from kernel.errors import InvalidInput
 from kernel.modeljson import model_json
 from kernel.states import TERMINAL
 from store.base import decode_row
@@ -28,6 +30,7 @@ from store.redis_store import RedisStore
 POLL_S = 0.005
 KEEPALIVE_S = 15.0
 STATE_EVERY_S = 1.0  # how often an idle stream looks whether the run ended without a stop row
+_INDEX = re.compile(r"[0-9]{1,19}")  # ASCII digits only: int() also takes "+1", " 1", "1_0"
 
 
 def frame(row: ChainRow) -> bytes:
@@ -85,11 +88,19 @@ class ChainFollower:
         return rec.state in TERMINAL and rec.chain_length <= start
 
 
-def parse_last_event_id(raw: str | None) -> int | None:
-    """The chain index a ``Last-Event-ID`` names; None when absent; ValueError when not one."""
+def last_event_index(raw: str | None, chain_length: int) -> int | None:
+    """The chain index a ``Last-Event-ID`` names, None when absent. It must name a row the
+    chain holds (0 to ``chain_length - 1``): the stream sent no other, and a number past
+    Redis's integers would fail the read after the stream began. :class:`InvalidInput` naming
+    the header otherwise."""
     if raw is None or raw == "":
         return None
-    index = int(raw)
-    if index < 0:
-        raise ValueError("negative")
-    return index
+    if not _INDEX.fullmatch(raw) or int(raw) >= chain_length:
+        last = f"0 to {chain_length - 1}" if chain_length else "none yet"
+        raise InvalidInput(
+            f"Last-Event-ID must be the index of a row this chain holds ({last}); "
+            "send none to read from the first row",
+            code="last_event_id_out_of_range",
+            field="Last-Event-ID",
+        )
+    return int(raw)

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api.auth import Authenticated, front_of, need
-from api.events import ChainFollower, parse_last_event_id
+from api.events import ChainFollower, last_event_index
 from api.keys import Scope
 from api.problems import Problem, from_reins, not_found
 from api.usage import recent_admissions, usage_of
@@ -149,13 +149,11 @@ def events(
     """The execution chain as Server-Sent Events until the run stops (``follow=false``: the
     rows written so far); resumable with ``Last-Event-ID``."""
     tenant = need(grant, Scope.READ)
-    _load(request, tenant, trajectory_id)
+    rec = _load(request, tenant, trajectory_id)
     try:
-        after = parse_last_event_id(last_event_id)
-    except ValueError:
-        raise Problem(
-            422, "Invalid request", "Last-Event-ID must be a chain index", field="Last-Event-ID"
-        ) from None
+        after = last_event_index(last_event_id, rec.chain_length)
+    except InvalidInput as exc:
+        raise from_reins(exc) from None
     front = front_of(request)
     follower = ChainFollower(front.tail(), front.store, tenant, trajectory_id)
     return StreamingResponse(
