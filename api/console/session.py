@@ -10,6 +10,7 @@ posted from another origin is refused before anything is read (:func:`same_origi
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
 from starlette.responses import Response
@@ -71,12 +72,33 @@ def forget(response: Response) -> None:
     response.delete_cookie(COOKIE, path=PATH, httponly=True, samesite="strict")
 
 
+def origin_of(url: str) -> str | None:
+    """The origin of ``url`` as a browser writes it (``scheme://host[:port]``, lower case, no
+    default port); None when it has none (not http or https, or no host)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default = {"http": 80, "https": 443}[parts.scheme]
+    return f"{parts.scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
+
+
 def same_origin(request: Request) -> None:
-    """A 403 for a form posted by a page of another origin (cross-site request forgery)."""
+    """A 403 for a form posted by a page of another origin (cross-site request forgery):
+    ``Sec-Fetch-Site: cross-site``, an ``Origin`` not the console's, or, when a browser sent
+    no ``Origin``, a ``Referer`` of another origin. A request with neither header is no
+    browser's form (the cookie is ``SameSite=Strict`` besides)."""
+    mine = origin_of(str(request.url))
     origin = request.headers.get("origin")
-    mine = f"{request.url.scheme}://{request.url.netloc}"
-    if request.headers.get("sec-fetch-site") == "cross-site" or (
-        origin is not None and origin != mine
+    referer = request.headers.get("referer")
+    if (
+        request.headers.get("sec-fetch-site") == "cross-site"
+        or (origin is not None and origin_of(origin) != mine)
+        or (origin is None and referer is not None and origin_of(referer) != mine)
     ):
         raise Problem(403, "Forbidden", "a console form must be sent from the console's own pages")
 
