@@ -35,9 +35,6 @@ from store.redis_async import async_client_for
 from store.redis_client import client_for
 from store.redis_store import RedisStore
 
-#: How long the API trusts a key's last answer: a revocation takes effect within this.
-KEYS_REMEMBERED_S = 5.0
-
 
 @dataclass
 class Front:
@@ -73,7 +70,7 @@ class Front:
             feed=Feed(client, prefix),
             config=config,
             agents=AgentCache(importable(config)),
-            keys=KeyRing(client, prefix, remember_s=KEYS_REMEMBERED_S),
+            keys=KeyRing(client, prefix, remember_s=settings.api_key_cache_s),
             idempotency=IdempotencyKeys(client, prefix),
             membership=Membership.of(client, settings),
             memory=RedisMemory(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts),

@@ -157,6 +157,12 @@ class KeyRing:
             self._seen[hashed] = (now, grant)
         return grant
 
+    def current(self, hashed: str) -> Grant | None:
+        """The grant of the key whose digest is ``hashed`` as Redis holds it now, never a
+        remembered answer: None as soon as the key is revoked."""
+        raw = self.client.hget(self.keys_key, hashed)
+        return None if raw is None else Grant.model_validate_json(cast(bytes, raw))
+
     def grants(self) -> list[Grant]:
         """Every live key's grant, by tenant then key id."""
         raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys_key))

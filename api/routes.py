@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from api.auth import Authenticated, front_of, need
+from api.auth import Authenticated, front_of, need, recheck_of
 from api.events import ChainFollower, last_event_index
 from api.keys import Scope
 from api.problems import Problem, from_reins, not_found
@@ -147,7 +147,8 @@ def events(
     follow: bool = True,
 ) -> StreamingResponse:
     """The execution chain as Server-Sent Events until the run stops (``follow=false``: the
-    rows written so far); resumable with ``Last-Event-ID``."""
+    rows written so far); resumable with ``Last-Event-ID``. An open stream asks again every
+    ``REINS_API_KEY_CACHE_S`` whether its key holds, and ends once it is revoked."""
     tenant = need(grant, Scope.READ)
     rec = _load(request, tenant, trajectory_id)
     try:
@@ -155,7 +156,14 @@ def events(
     except InvalidInput as exc:
         raise from_reins(exc) from None
     front = front_of(request)
-    follower = ChainFollower(front.tail(), front.store, tenant, trajectory_id)
+    follower = ChainFollower(
+        front.tail(),
+        front.store,
+        tenant,
+        trajectory_id,
+        allowed=recheck_of(request),
+        recheck_s=front.settings.api_key_cache_s,
+    )
     return StreamingResponse(
         follower.events(after, follow),
         media_type="text/event-stream",

@@ -111,6 +111,14 @@ class Settings(BaseModel):
     # --- probes: /livez and /readyz of every router and worker process ---
     health_port: int = Field(0, ge=0, le=65535, description="port of /livez, /readyz; 0: none")
     health_host: str = Field("127.0.0.1", min_length=1, description="address probes listen on")
+    # --- the API's front door (api/) ---
+    api_key_cache_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="how long an API process trusts a key's last answer: a revoked key stops "
+        "working on /v1, and its open event streams end, within this",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

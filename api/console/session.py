@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 from fastapi import Depends, Request
 from starlette.responses import Response
 
-from api.auth import front_of
-from api.keys import Grant
+from api.auth import front_of, let_recheck
+from api.keys import Grant, digest
 from api.problems import Problem
 
 COOKIE = "reins_console_key"
@@ -33,9 +33,12 @@ def grant_of(request: Request) -> Grant:
     key = request.cookies.get(COOKIE)
     if not key or len(key) > MAX_KEY_LENGTH:
         raise SignInNeeded
-    grant = front_of(request).keys.verify(key)
+    keys = front_of(request).keys
+    grant = keys.verify(key)
     if grant is None:
         raise SignInNeeded
+    hashed = digest(key)
+    let_recheck(request, lambda: keys.current(hashed) is not None)
     return grant
 
 
