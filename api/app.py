@@ -4,8 +4,8 @@
 settings unless given); nothing connects at import. Routes: :mod:`api.routes` (trajectories,
 approvals, usage), :mod:`api.memory_routes` (the tenant's facts and episodes) and
 :mod:`api.fleet_routes` (the operator's ring, drain, remove); errors are problem details
-(:mod:`api.problems`); the web console at ``/ui`` (:mod:`api.console`).
-Design: ``docs/adr/0110-api.md``.
+(:mod:`api.problems`); the web console at ``/ui`` (:mod:`api.console`). Forwarded headers
+are believed only from ``REINS_TRUSTED_PROXIES``. Design: ``docs/adr/0110-api.md``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import JSONResponse
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from api import fleet_routes, memory_routes, problems, routes
 from api.auth import front_of
@@ -46,6 +47,10 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
     )
     app.state.front = parts
     app.add_middleware(BodyLimit)
+    if settings.proxies():
+        # outermost: X-Forwarded-For and -Proto are believed from these peers only (uvicorn's
+        # own trust, of 127.0.0.1 by default, is off: api.serve); from any other, ignored
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.proxies())
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(fleet_routes.router)

@@ -134,14 +134,15 @@ def logged(request: Request, problem: Problem, exc: BaseException | None = None)
     what = (
         request.method,
         request.url.path,
+        request.client.host if request.client else "-",  # a trusted proxy's client: api.app
         problem.status,
         problem.code,
         problem.error_id,
     )
     if problem.status >= 500:
-        log.error("%s %s failed %d %s [error_id=%s]", *what, exc_info=exc)
+        log.error("%s %s from %s failed %d %s [error_id=%s]", *what, exc_info=exc)
     else:
-        log.info("%s %s refused %d %s [error_id=%s]", *what)
+        log.info("%s %s from %s refused %d %s [error_id=%s]", *what)
     return problem
 
 

@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, RedirectResponse
 from api import fleet_routes, routes
 from api.auth import front_of
 from api.console import session, shown
+from api.console.origin import same_origin
 from api.console.session import SignedIn, SignInNeeded
 from api.keys import Grant, Scope
 from api.problems import Problem, from_reins, logged
@@ -80,7 +81,7 @@ def refused(request: Request, problem: Problem, grant: Grant | None = None) -> H
 async def form_of(request: Request) -> dict[str, str]:
     """A posted form (``application/x-www-form-urlencoded``), checked to come from the
     console's own pages; a 413 past :data:`MAX_FORM` bytes."""
-    session.same_origin(request)
+    same_origin(request)
     raw = await request.body()
     if len(raw) > MAX_FORM:
         raise Problem(413, "Body too large", f"a console form is at most {MAX_FORM} bytes")
@@ -98,7 +99,7 @@ def signin_form(request: Request, next: str = "/ui/") -> HTMLResponse:
 
 @router.post("/signin")
 async def signin(request: Request) -> Response:
-    """Verify the key and keep it in the console's cookie; a wrong key changes nothing."""
+    """Verify the key and open a session for it; a wrong key changes nothing."""
     form = await form_of(request)
     target = _local(form.get("next", "/ui/"))
     try:
@@ -108,16 +109,16 @@ async def signin(request: Request) -> Response:
     if target == "/ui/":
         target = "/ui/fairness" if grant.tenant is None else "/ui/inbox"
     response = RedirectResponse(target, 303)
-    session.keep(response, request, form["key"])
+    session.keep(response, request, grant, form["key"])
     return response
 
 
 @router.post("/signout")
 async def signout(request: Request) -> Response:
-    """Forget the key."""
-    session.same_origin(request)
+    """End the session: at once, for every request and stream of it."""
+    same_origin(request)
     response = RedirectResponse("/ui/signin", 303)
-    session.forget(response)
+    session.forget(response, request)
     return response
 
 
