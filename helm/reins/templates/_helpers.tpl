@@ -184,7 +184,12 @@ prometheus.io/path: {{ .ctx.Values.metrics.path | quote }}
 {{- add (.Values.worker.drainGraceSeconds | ceil | int) (.Values.worker.terminationExtraSeconds | int) }}
 {{- end }}
 
-{{/* REINS_PUBLIC_URL: api.publicUrl; empty, the address each request names. */}}
+{{/* REINS_PUBLIC_URL: api.publicUrl; else the Ingress's host, https with its TLS; else empty
+(the address each request names). */}}
 {{- define "reins.publicUrl" -}}
+{{- if .Values.api.publicUrl }}
 {{- .Values.api.publicUrl }}
+{{- else if and .Values.ingress.enabled .Values.ingress.host }}
+{{- printf "%s://%s" (ternary "https" "http" (not (empty .Values.ingress.tls))) .Values.ingress.host }}
+{{- end }}
 {{- end }}
