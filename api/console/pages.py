@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, RedirectResponse
 
 from api import fleet_routes, routes
 from api.auth import front_of
-from api.console import session, shown
+from api.console import session, share_chart, shown
 from api.console.origin import same_origin
 from api.console.session import SignedIn, SignInNeeded
 from api.keys import Grant, Scope
@@ -33,10 +33,14 @@ from kernel.states import TERMINAL, LifecycleState, StopReason
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")  # autoescaped (.html)
 templates.env.globals.update(
-    duration=shown.duration, time_left=shown.time_left, moment=shown.moment
+    duration=shown.duration,
+    time_left=shown.time_left,
+    moment=shown.moment,
+    clock_time=shown.clock_time,
 )
 MAX_FORM = 16_384
 LISTED = 500  # the most trajectories the list reads before filtering
+HISTORY_SPANS = 12  # the spans of time the fairness chart divides the last admissions into
 
 
 class PageRoute(APIRoute):
@@ -283,8 +287,20 @@ async def control(
 
 @router.get("/fairness")
 def fairness(request: Request, grant: SignedIn) -> HTMLResponse:
-    """Weight share against admitted share, backlog and p99 wait per tenant (every tenant and
-    the ring for an operator key): the figures of ``reins top``."""
+    """Per tenant (every tenant and the ring for an operator key): whether it is backlogged
+    and the share it is owed, against its admitted share, backlog and waits (the figures of
+    ``reins top``); and the admitted shares over time."""
     usages = routes.usage(grant, request)
+    history = routes.usage_history(grant, request, HISTORY_SPANS)
+    over_time = share_chart.chart(history, {u.tenant: u.weight_share for u in usages})
     ring = fleet_routes.ring(grant, request) if grant.has(Scope.OPERATOR) else None
-    return page(request, "fairness.html", grant=grant, shares=shown.shares(usages), ring=ring)
+    return page(
+        request,
+        "fairness.html",
+        grant=grant,
+        shares=shown.shares(usages),
+        chart=over_time,
+        width=share_chart.WIDTH,
+        height=share_chart.HEIGHT,
+        ring=ring,
+    )
