@@ -302,5 +302,6 @@ def fairness(request: Request, grant: SignedIn) -> HTMLResponse:
         chart=over_time,
         width=share_chart.WIDTH,
         height=share_chart.HEIGHT,
+        y_of=share_chart.y_of,
         ring=ring,
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from api.views import UsageHistory
 
 WIDTH, HEIGHT = 640.0, 200.0  # the SVG's viewBox: x over time, y from 100 % (top) to 0
+PAD = 8.0  # above 100 % and below 0 %, so that dots there are drawn whole
 LINES = 8  # the most tenants drawn (the heaviest); the table below lists the same
 #: Line colours, each at least 4.5:1 on white (they double as the legend's text colour).
 COLOURS = ("#0b57d0", "#a3161a", "#146c2e", "#7a4b00", "#6b2fa0", "#00607a", "#8a1c5c", "#3d4a5c")
@@ -41,8 +42,8 @@ class Chart:
 
 
 def y_of(share: float) -> float:
-    """The y of a share (0 to 1) in the viewBox."""
-    return round(HEIGHT * (1.0 - min(max(share, 0.0), 1.0)), 1)
+    """The y of a share (0 to 1) in the viewBox: 100 % at ``PAD``, 0 at ``HEIGHT - PAD``."""
+    return round(PAD + (HEIGHT - 2 * PAD) * (1.0 - min(max(share, 0.0), 1.0)), 1)
 
 
 def chart(history: UsageHistory, weights: dict[str, float]) -> Chart:

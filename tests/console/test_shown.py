@@ -184,9 +184,14 @@ def test_the_share_chart_breaks_its_lines_where_nothing_was_admitted() -> None:
     a, b = drawn.lines
     assert (a.tenant, b.tenant) == ("a", "b"), "the heaviest first"
     step = share_chart.WIDTH / 3
-    assert a.segments == (f"{round(step / 2, 1)},50.0", f"{round(step * 2.5, 1)},0.0")
+    top, half = share_chart.y_of(1.0), share_chart.y_of(0.5)
+    assert (top, half, share_chart.y_of(0.0)) == (8.0, 100.0, 192.0)
+    assert a.segments == (
+        f"{round(step / 2, 1)},{share_chart.y_of(0.75)}",
+        f"{round(step * 2.5, 1)},{top}",
+    )
     assert a.shares == (0.75, None, 1.0) and b.shares == (0.25, None, 0.0)
-    assert a.weight_y == share_chart.y_of(0.75) == 50.0
+    assert a.weight_y == share_chart.y_of(0.75) == 54.0
     assert drawn.contended == (1.0, None, 0.0) and drawn.left_out == 0
     many = UsageHistory(tenants=[f"t{i}" for i in range(10)], buckets=spans)
     assert share_chart.chart(many, {}).left_out == 10 - share_chart.LINES
