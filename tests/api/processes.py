@@ -58,11 +58,16 @@ def start_api(fleet: LocalFleet, name: str = "api", env: dict[str, str] | None =
     return url
 
 
-def start_fleet(fleet: LocalFleet, workers: tuple[str, ...] = ("w1", "w2")) -> str:
-    """Workers, one router and the API; the API's URL."""
+def start_fleet(
+    fleet: LocalFleet,
+    workers: tuple[str, ...] = ("w1", "w2"),
+    api_env: dict[str, str] | None = None,
+) -> str:
+    """Workers, one router and the API (``api_env``: more settings of its own); the API's
+    URL."""
     for w in workers:
         fleet.start("worker", w, "--backend", BACKEND)
     fleet.start("router", "r1", "--admitter", "redis")
-    url = start_api(fleet)
+    url = start_api(fleet, env=api_env)
     fleet.wait_ready(list(workers), ["r1"])
     return url
