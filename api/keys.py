@@ -9,8 +9,8 @@ drawn again, so no key ever shares its id with another (which would leave the ol
 unrevocable by id). The two hashes are in two slots of a Redis Cluster, so no ``MULTI`` spans
 them: the index is written before the grant and the grant deleted before the index, so a key
 that works is always in the index (a failure between leaves an index entry without a grant,
-which lists nothing and a revocation clears). Keys made before 0.3.0 have 8-digit ids; they
-keep working.
+which lists nothing and a revocation clears). Keys made by 0.2.0 and before have 8-digit ids
+and keep working.
 A key of the ``operator`` scope administers the fleet and names no tenant.
 """
 
