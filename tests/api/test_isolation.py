@@ -3,7 +3,6 @@ exist nowhere, listings show only the caller's tenant, and scopes gate what a ke
 
 from __future__ import annotations
 
-import re
 import uuid
 
 import pytest
@@ -12,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from kernel.record import TrajectoryRecord
 from store.redis_store import RedisStore
-from tests.api.conftest import Keys
+from tests.api.conftest import Keys, without_error_id
 
 pytestmark = pytest.mark.redis
 
@@ -29,13 +28,6 @@ def _requests(tid: str, approval_id: str, version: int, digest: str) -> list[tup
     for control in ("pause", "resume", "cancel", "kill", "interrupt"):
         out.append(("POST", f"/v1/trajectories/{tid}/{control}", {}))
     return out
-
-
-def without_error_id(body: bytes) -> bytes:
-    """``body`` with the value of its ``error_id`` blanked (one per error, 16 hex digits)."""
-    blanked, found = re.subn(rb'"error_id":"[0-9a-f]{16}"', b'"error_id":""', body)
-    assert found == 1, body
-    return blanked
 
 
 def test_another_tenants_ids_get_the_same_404_as_ids_that_do_not_exist(
