@@ -4,8 +4,8 @@
 settings unless given); nothing connects at import. Routes: :mod:`api.routes` (trajectories,
 approvals, usage), :mod:`api.memory_routes` (the tenant's facts and episodes) and
 :mod:`api.fleet_routes` (the operator's ring, drain, remove); errors are problem details
-(:mod:`api.problems`); the web console at ``/ui`` (:mod:`api.console`).
-Design: ``docs/adr/0110-api.md``.
+(:mod:`api.problems`); the web console at ``/ui`` (:mod:`api.console`). Forwarded headers
+are believed only from ``REINS_TRUSTED_PROXIES``. Design: ``docs/adr/0110-api.md``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import JSONResponse
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from api import fleet_routes, memory_routes, problems, routes
 from api.auth import front_of
@@ -23,6 +24,10 @@ from api.console import pages as console
 from api.front import Front
 from api.limits import BodyLimit
 from kernel.settings import Settings
+
+
+def _not_ready(code: str, why: str, error_id: str) -> JSONResponse:
+    return JSONResponse({"ready": False, "code": code, "why": why, "error_id": error_id}, 503)
 
 
 def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
@@ -42,6 +47,10 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
     )
     app.state.front = parts
     app.add_middleware(BodyLimit)
+    if settings.proxies():
+        # outermost: X-Forwarded-For and -Proto are believed from these peers only (uvicorn's
+        # own trust, of 127.0.0.1 by default, is off: api.serve); from any other, ignored
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.proxies())
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(fleet_routes.router)
@@ -56,16 +65,20 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
 
     @app.get("/readyz", tags=["health"], responses={503: {"description": "not ready"}})
     def readyz(request: Request) -> JSONResponse:
-        """Redis answers and the fleet's configuration is applied."""
+        """Redis answers and the fleet's configuration is applied. Not ready: a ``code`` and an
+        ``error_id`` (the API's log line of it holds the cause), never the error's text, since
+        anyone may ask."""
         front = front_of(request)
         try:
             front.client.ping()
             fleet = front.config.peek()
         except Exception as exc:  # any failure to read Redis means not ready
-            return JSONResponse({"ready": False, "why": f"redis: {exc}"}, 503)
+            problem = problems.logged(request, problems.failed(503, "store_unavailable"), exc)
+            return _not_ready(problem.code, "the store's Redis did not answer", problem.error_id)
         if fleet is None:
             why = "no fleet configuration: run reins config apply FILE"
-            return JSONResponse({"ready": False, "why": why}, 503)
+            problem = problems.logged(request, problems.failed(503, "not_configured"))
+            return _not_ready(problem.code, why, problem.error_id)
         return JSONResponse({"ready": True, "config_version": fleet.version})
 
     return app

@@ -3,17 +3,20 @@
 The tenant and the principal come from the key, never from a body. A missing or unknown key is
 a 401; a key without the scope an endpoint needs is a 403 (checked before anything is read, so
 it says nothing about any id); a tenant endpoint called with an operator key is a 403 too.
+Whoever authenticates a request also leaves how to ask again whether it may go on
+(:func:`recheck_of`), which a long answer (an event stream) asks as it goes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.front import Front
-from api.keys import Grant, Scope
+from api.keys import Grant, Scope, digest
 from api.problems import Problem
 
 bearer = HTTPBearer(auto_error=False, description="an API key: reins keys create")
@@ -36,7 +39,10 @@ async def _grant(
             "send an API key as 'Authorization: Bearer <key>' (reins keys create makes one)",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    grant = front_of(request).keys.verify(credentials.credentials)
+    keys = front_of(request).keys
+    grant = keys.verify(credentials.credentials)
+    hashed = digest(credentials.credentials)
+    let_recheck(request, lambda: keys.current(hashed) is not None)
     if grant is None:
         raise Problem(
             401,
@@ -48,6 +54,18 @@ async def _grant(
 
 
 Authenticated = Annotated[Grant, Depends(_grant)]
+
+
+def let_recheck(request: Request, still_allowed: Callable[[], bool]) -> None:
+    """Record how to ask whether the caller of ``request`` may still go on (blocking I/O)."""
+    request.state.recheck = still_allowed
+
+
+def recheck_of(request: Request) -> Callable[[], bool]:
+    """How to ask whether the authenticated caller of ``request`` may still go on: its key (or
+    console session) as Redis holds it now, never a remembered answer."""
+    still_allowed: Callable[[], bool] = request.state.recheck
+    return still_allowed
 
 
 def need(grant: Grant, scope: Scope) -> str:

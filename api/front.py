@@ -1,5 +1,6 @@
-"""What the API process holds: the store, the feed, the fleet's configuration, the keys,
-memory, and a router API (:class:`router.process.submit.RouterApi`) over them that never admits.
+"""What the API process holds: the store, the feed, the fleet's configuration, the keys, the
+console's sessions, memory, and a router API (:class:`router.process.submit.RouterApi`) over
+them that never admits.
 
 The API queues a new trajectory with a notice on the feed, as a worker does (a router admits
 it); it sends only what a decision or a control request itself asks (the tool dispatch an
@@ -15,6 +16,7 @@ from typing import Any
 
 import redis
 
+from api.console.sessions import ConsoleSessions
 from api.idempotency import IdempotencyKeys, body_digest
 from api.keys import KeyRing
 from api.problems import Problem
@@ -35,9 +37,6 @@ from store.redis_async import async_client_for
 from store.redis_client import client_for
 from store.redis_store import RedisStore
 
-#: How long the API trusts a key's last answer: a revocation takes effect within this.
-KEYS_REMEMBERED_S = 5.0
-
 
 @dataclass
 class Front:
@@ -52,6 +51,7 @@ class Front:
     idempotency: IdempotencyKeys
     membership: Membership
     memory: RedisMemory
+    sessions: ConsoleSessions
     agents: AgentCache = field(default_factory=AgentCache)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _send_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -66,6 +66,14 @@ class Front:
         client = client if client is not None else client_for(settings)
         prefix = settings.key_prefix
         config = ConfigSource(client, prefix)
+        keys = KeyRing(client, prefix, remember_s=settings.api_key_cache_s)
+        sessions = ConsoleSessions(
+            client,
+            prefix,
+            keys,
+            lifetime_s=settings.console_session_s,
+            idle_s=settings.console_idle_s,
+        )
         return cls(
             settings=settings,
             client=client,
@@ -73,7 +81,8 @@ class Front:
             feed=Feed(client, prefix),
             config=config,
             agents=AgentCache(importable(config)),
-            keys=KeyRing(client, prefix, remember_s=KEYS_REMEMBERED_S),
+            keys=keys,
+            sessions=sessions,
             idempotency=IdempotencyKeys(client, prefix),
             membership=Membership.of(client, settings),
             memory=RedisMemory(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts),

@@ -1,12 +1,16 @@
 """API keys: who calls, for which tenant, with which scopes; stored only as hashes, in Redis.
 
-A key reads ``rk_<key id>_<secret>``: the key id (8 hex digits) names it in listings and
-revocations, the secret is 32 random bytes (urlsafe base64), shown once at creation. Redis holds
-``sha256(key)`` only, in one hash ``<prefix>:api:keys`` (hex digest -> the key's JSON grant) and
-an index ``<prefix>:api:key-ids`` (key id -> hex digest). The two are in two slots of a Redis
-Cluster, so no ``MULTI`` spans them: the index is written before the grant and the grant deleted
-before the index, so a key that works is always in the index (a failure between leaves an index
-entry without a grant, which lists nothing and a revocation clears).
+A key reads ``rk_<key id>_<secret>``: the key id (24 hex digits, 96 random bits) names it in
+listings and revocations, the secret is 32 random bytes (urlsafe base64), shown once at
+creation. Redis holds ``sha256(key)`` only, in one hash ``<prefix>:api:keys`` (hex digest -> the
+key's JSON grant) and an index ``<prefix>:api:key-ids`` (key id -> hex digest). A key id is
+claimed in the index with ``HSETNX`` before anything else is written: an id already taken is
+drawn again, so no key ever shares its id with another (which would leave the older key
+unrevocable by id). The two hashes are in two slots of a Redis Cluster, so no ``MULTI`` spans
+them: the index is written before the grant and the grant deleted before the index, so a key
+that works is always in the index (a failure between leaves an index entry without a grant,
+which lists nothing and a revocation clears). Keys made by 0.2.0 and before have 8-digit ids
+and keep working.
 A key of the ``operator`` scope administers the fleet and names no tenant.
 """
 
@@ -23,9 +27,11 @@ from typing import Any, cast
 import redis
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kernel.errors import InvalidInput
+from kernel.errors import InvalidInput, StoreError
 
 REMEMBERED = 10_000  # keys whose answer a process remembers at once
+KEY_ID_BYTES = 12  # 96 bits: ids drawn at random collide about once in 2**48 keys
+ID_DRAWS = 8  # ids drawn before giving up: a second collision in a row means a broken source
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"
 
 
@@ -87,11 +93,12 @@ class KeyRing:
         *,
         remember_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        new_id: Callable[[], str] = lambda: secrets.token_hex(KEY_ID_BYTES),
     ) -> None:
         self.client = client
         self.keys_key = f"{prefix}:api:keys"
         self.ids_key = f"{prefix}:api:key-ids"
-        self.remember_s, self.clock = remember_s, clock
+        self.remember_s, self.clock, self.new_id = remember_s, clock, new_id
         self._seen: dict[str, tuple[float, Grant | None]] = {}
 
     def create(
@@ -101,22 +108,36 @@ class KeyRing:
         scopes: frozenset[Scope] | set[Scope],
         note: str = "",
     ) -> tuple[str, Grant]:
-        """A new key and its grant; the key itself is returned once and stored only hashed."""
-        key_id = secrets.token_hex(4)
+        """A new key and its grant; the key itself is returned once and stored only hashed.
+        Its id is one no other key holds (claimed in the index first); bad input writes
+        nothing."""
         try:
-            grant = Grant(
-                key_id=key_id,
+            Grant(
+                key_id="-",
                 tenant=tenant,
                 principal=principal,
                 scopes=frozenset(scopes),
-                created_at=time.time(),
+                created_at=0.0,
                 note=note,
             )
         except ValueError as exc:
             raise InvalidInput(f"key refused: {exc}") from None
-        key = f"rk_{key_id}_{secrets.token_urlsafe(32)}"
-        hashed = digest(key)
-        self.client.hset(self.ids_key, key_id, hashed)  # the index first (module docstring)
+        for _ in range(ID_DRAWS):
+            key_id = self.new_id()
+            key = f"rk_{key_id}_{secrets.token_urlsafe(32)}"
+            hashed = digest(key)
+            if self.client.hsetnx(self.ids_key, key_id, hashed):  # the index first
+                break
+        else:
+            raise StoreError(f"no free key id in {ID_DRAWS} draws: the id source repeats itself")
+        grant = Grant(
+            key_id=key_id,
+            tenant=tenant,
+            principal=principal,
+            scopes=frozenset(scopes),
+            created_at=time.time(),
+            note=note,
+        )
         self.client.hset(self.keys_key, hashed, grant.model_dump_json())
         return key, grant
 
@@ -135,6 +156,12 @@ class KeyRing:
                 self._seen.clear()
             self._seen[hashed] = (now, grant)
         return grant
+
+    def current(self, hashed: str) -> Grant | None:
+        """The grant of the key whose digest is ``hashed`` as Redis holds it now, never a
+        remembered answer: None as soon as the key is revoked."""
+        raw = self.client.hget(self.keys_key, hashed)
+        return None if raw is None else Grant.model_validate_json(cast(bytes, raw))
 
     def grants(self) -> list[Grant]:
         """Every live key's grant, by tenant then key id."""

@@ -14,11 +14,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from api.auth import Authenticated, front_of, need
-from api.events import ChainFollower, parse_last_event_id
+from api.auth import Authenticated, front_of, need, recheck_of
+from api.events import ChainFollower, last_event_index
 from api.keys import Scope
 from api.problems import Problem, from_reins, not_found
-from api.usage import recent_admissions, usage_of
+from api.usage import history_of, recent_admissions, usage_of
 from api.views import (
     Acknowledged,
     Approvals,
@@ -30,6 +30,7 @@ from api.views import (
     Submitted,
     Trajectory,
     Usage,
+    UsageHistory,
     held_of,
     trajectory_of,
 )
@@ -147,17 +148,23 @@ def events(
     follow: bool = True,
 ) -> StreamingResponse:
     """The execution chain as Server-Sent Events until the run stops (``follow=false``: the
-    rows written so far); resumable with ``Last-Event-ID``."""
+    rows written so far); resumable with ``Last-Event-ID``. An open stream asks again every
+    ``REINS_API_KEY_CACHE_S`` whether its key holds, and ends once it is revoked."""
     tenant = need(grant, Scope.READ)
-    _load(request, tenant, trajectory_id)
+    rec = _load(request, tenant, trajectory_id)
     try:
-        after = parse_last_event_id(last_event_id)
-    except ValueError:
-        raise Problem(
-            422, "Invalid request", "Last-Event-ID must be a chain index", field="Last-Event-ID"
-        ) from None
+        after = last_event_index(last_event_id, rec.chain_length)
+    except InvalidInput as exc:
+        raise from_reins(exc) from None
     front = front_of(request)
-    follower = ChainFollower(front.tail(), front.store, tenant, trajectory_id)
+    follower = ChainFollower(
+        front.tail(),
+        front.store,
+        tenant,
+        trajectory_id,
+        allowed=recheck_of(request),
+        recheck_s=front.settings.api_key_cache_s,
+    )
     return StreamingResponse(
         follower.events(after, follow),
         media_type="text/event-stream",
@@ -291,13 +298,32 @@ def decide(
     )
 
 
+def _tenants_seen(grant: Authenticated, request: Request) -> list[str]:
+    """The tenants whose usage the key may see: every one for an operator, else its own."""
+    config = front_of(request).fleet().admission
+    if grant.has(Scope.OPERATOR):
+        return [t.name for t in config.tenants]
+    return [need(grant, Scope.READ)]
+
+
 @router.get("/usage", response_model=list[Usage], tags=["usage"])
 def usage(grant: Authenticated, request: Request) -> list[Usage]:
-    """The key's tenant's weight, share, backlog and waits (every tenant's, for an operator)."""
+    """The key's tenant's weight, share, backlog and waits (every tenant's, for an operator,
+    with the share each backlogged tenant is owed)."""
+    tenants = _tenants_seen(grant, request)
     front = front_of(request)
-    config = front.fleet().admission
-    if grant.has(Scope.OPERATOR):
-        tenants = [t.name for t in config.tenants]
-    else:
-        tenants = [need(grant, Scope.READ)]
-    return usage_of(tenants, config, front.store, recent_admissions(front.client, front.feed))
+    admissions = recent_admissions(front.client, front.feed)
+    return usage_of(tenants, front.fleet().admission, front.store, admissions)
+
+
+@router.get("/usage/history", response_model=UsageHistory, tags=["usage"])
+def usage_history(
+    grant: Authenticated,
+    request: Request,
+    buckets: Annotated[int, Query(ge=1, le=60)] = 12,
+) -> UsageHistory:
+    """The key's tenant's admitted share (every tenant's, for an operator) in ``buckets``
+    equal spans over the last admissions the fleet keeps, and how contended each span was."""
+    tenants = _tenants_seen(grant, request)
+    front = front_of(request)
+    return history_of(tenants, recent_admissions(front.client, front.feed), buckets)

@@ -43,6 +43,7 @@ def _config(app: FastAPI, log_level: str, grace_s: float, **where: Any) -> uvico
         app,
         log_level=log_level.lower(),
         access_log=False,
+        proxy_headers=False,  # the app believes forwarded headers (REINS_TRUSTED_PROXIES) alone
         timeout_graceful_shutdown=int(grace_s),
         **where,
     )

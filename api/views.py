@@ -133,7 +133,14 @@ class Acknowledged(BaseModel):
 
 
 class Usage(BaseModel):
-    """One tenant's share of the admitted charge against its weight, its backlog and waits."""
+    """One tenant's share of the admitted charge against its weight, its backlog and waits.
+
+    A tenant is ``backlogged`` while it has READY work queued; one with nothing queued is owed
+    no share, so an admitted share below its weight's is no unfairness then. ``owed_share`` is
+    its weight over the weights of the tenants backlogged now: what the round-robin owes it
+    while they all stay so (None when it is not backlogged, or when the key sees only its own
+    tenant, which must learn nothing of the others' queues).
+    """
 
     tenant: str
     weight: float
@@ -141,8 +148,30 @@ class Usage(BaseModel):
     admitted_share: float
     admissions: int
     backlog: int
+    backlogged: bool
+    owed_share: float | None
     wait_p50_s: float | None
     wait_p99_s: float | None
+
+
+class SharesAt(BaseModel):
+    """The admitted shares in one span of time: each tenant's part of the charge admitted
+    from ``start`` to ``end`` (epoch seconds; empty when nothing was admitted), and the part
+    of those admissions made while every tenant had work queued (``contended``), when shares
+    should follow the weights."""
+
+    start: float
+    end: float
+    admissions: int
+    contended: float | None
+    shares: dict[str, float]
+
+
+class UsageHistory(BaseModel):
+    """The shares over the span of the last admissions the fleet keeps, oldest first."""
+
+    tenants: list[str]
+    buckets: list[SharesAt]
 
 
 CONTROLS = tuple(k.value for k in ControlKind)

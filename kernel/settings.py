@@ -7,10 +7,12 @@ one or an unparsable value fails loudly, naming the variable.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kernel.errors import ConfigError
 
@@ -117,6 +119,73 @@ class Settings(BaseModel):
     # --- probes: /livez and /readyz of every router and worker process ---
     health_port: int = Field(0, ge=0, le=65535, description="port of /livez, /readyz; 0: none")
     health_host: str = Field("127.0.0.1", min_length=1, description="address probes listen on")
+    # --- the API's front door (api/) ---
+    api_key_cache_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="how long an API process trusts a key's last answer: a revoked key stops "
+        "working on /v1, and its open event streams end, within this",
+    )
+    public_url: str = Field(
+        "",
+        description="the URL people open the API and console at, scheme://host[:port] (behind "
+        "a TLS-terminating proxy: https://...); the console's forms must come from its origin, "
+        "and its cookie is Secure when it is https; unset: the address each request names",
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="comma-separated addresses or networks (CIDR) of the proxies whose "
+        "X-Forwarded-For and X-Forwarded-Proto the API believes; unset: nobody's",
+    )
+    console_session_s: float = Field(
+        28_800.0, gt=0, description="the longest a console session lasts from its sign-in"
+    )
+    console_idle_s: float = Field(
+        1800.0, gt=0, description="a console session unused this long ends"
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _origin_only(cls, value: str) -> str:
+        """A public URL names an origin: http(s), a host, maybe a port, no path or query.
+        It is kept as a browser writes an ``Origin`` header: lower case, no default port."""
+        if not value:
+            return value
+        parts = urlsplit(value)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+            or parts.username is not None
+        ):
+            raise ValueError("must be http(s)://host[:port], with no path, query or user")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError("its port is not a number from 0 to 65535") from None
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        default = {"http": 80, "https": 443}[parts.scheme]
+        return f"{parts.scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        """Each item an IP address or network; ``*`` is refused (name 0.0.0.0/0 to mean it)."""
+        for item in (i.strip() for i in value.split(",")):
+            if not item:
+                continue
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or network (CIDR)") from None
+        return value
+
+    def proxies(self) -> list[str]:
+        """The trusted proxies, one address or network each."""
+        return [i.strip() for i in self.trusted_proxies.split(",") if i.strip()]
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -143,6 +212,12 @@ class Settings(BaseModel):
             raise ValueError(
                 f"REINS_STALL_TIMEOUT_S ({self.stall_timeout_s}) must be above REINS_MAX_TURN_S "
                 f"({self.max_turn_s}): a worker busy with its longest turns would look wedged"
+            )
+        if self.console_idle_s > self.console_session_s:
+            raise ValueError(
+                f"REINS_CONSOLE_IDLE_S ({self.console_idle_s}) must not be above "
+                f"REINS_CONSOLE_SESSION_S ({self.console_session_s}): no session could idle "
+                "that long"
             )
         if self.redis_timeout_s <= 0.1:  # the loops' blocking reads wait up to 50 ms
             raise ValueError(f"REINS_REDIS_TIMEOUT_S ({self.redis_timeout_s}) must be above 0.1")

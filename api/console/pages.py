@@ -20,10 +20,11 @@ from starlette.responses import HTMLResponse, RedirectResponse
 
 from api import fleet_routes, routes
 from api.auth import front_of
-from api.console import session, shown
+from api.console import session, share_chart, shown
+from api.console.origin import same_origin
 from api.console.session import SignedIn, SignInNeeded
 from api.keys import Grant, Scope
-from api.problems import Problem, from_reins
+from api.problems import Problem, from_reins, logged
 from api.views import DecisionRequest, Trajectory
 from kernel.errors import ReinsError
 from kernel.record import ControlKind
@@ -32,10 +33,14 @@ from kernel.states import TERMINAL, LifecycleState, StopReason
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")  # autoescaped (.html)
 templates.env.globals.update(
-    duration=shown.duration, time_left=shown.time_left, moment=shown.moment
+    duration=shown.duration,
+    time_left=shown.time_left,
+    moment=shown.moment,
+    clock_time=shown.clock_time,
 )
 MAX_FORM = 16_384
 LISTED = 500  # the most trajectories the list reads before filtering
+HISTORY_SPANS = 12  # the spans of time the fairness chart divides the last admissions into
 
 
 class PageRoute(APIRoute):
@@ -50,9 +55,9 @@ class PageRoute(APIRoute):
             except SignInNeeded:
                 return RedirectResponse(f"/ui/signin?next={request.url.path}", 303)
             except Problem as problem:
-                return refused(request, problem)
+                return refused(request, logged(request, problem, problem))
             except ReinsError as exc:
-                return refused(request, from_reins(exc))
+                return refused(request, logged(request, from_reins(exc), exc))
 
         return run
 
@@ -80,7 +85,7 @@ def refused(request: Request, problem: Problem, grant: Grant | None = None) -> H
 async def form_of(request: Request) -> dict[str, str]:
     """A posted form (``application/x-www-form-urlencoded``), checked to come from the
     console's own pages; a 413 past :data:`MAX_FORM` bytes."""
-    session.same_origin(request)
+    same_origin(request)
     raw = await request.body()
     if len(raw) > MAX_FORM:
         raise Problem(413, "Body too large", f"a console form is at most {MAX_FORM} bytes")
@@ -98,7 +103,7 @@ def signin_form(request: Request, next: str = "/ui/") -> HTMLResponse:
 
 @router.post("/signin")
 async def signin(request: Request) -> Response:
-    """Verify the key and keep it in the console's cookie; a wrong key changes nothing."""
+    """Verify the key and open a session for it; a wrong key changes nothing."""
     form = await form_of(request)
     target = _local(form.get("next", "/ui/"))
     try:
@@ -108,16 +113,16 @@ async def signin(request: Request) -> Response:
     if target == "/ui/":
         target = "/ui/fairness" if grant.tenant is None else "/ui/inbox"
     response = RedirectResponse(target, 303)
-    session.keep(response, request, form["key"])
+    session.keep(response, request, grant, form["key"])
     return response
 
 
 @router.post("/signout")
 async def signout(request: Request) -> Response:
-    """Forget the key."""
-    session.same_origin(request)
+    """End the session: at once, for every request and stream of it."""
+    same_origin(request)
     response = RedirectResponse("/ui/signin", 303)
-    session.forget(response)
+    session.forget(response, request)
     return response
 
 
@@ -282,8 +287,21 @@ async def control(
 
 @router.get("/fairness")
 def fairness(request: Request, grant: SignedIn) -> HTMLResponse:
-    """Weight share against admitted share, backlog and p99 wait per tenant (every tenant and
-    the ring for an operator key): the figures of ``reins top``."""
+    """Per tenant (every tenant and the ring for an operator key): whether it is backlogged
+    and the share it is owed, against its admitted share, backlog and waits (the figures of
+    ``reins top``); and the admitted shares over time."""
     usages = routes.usage(grant, request)
+    history = routes.usage_history(grant, request, HISTORY_SPANS)
+    over_time = share_chart.chart(history, {u.tenant: u.weight_share for u in usages})
     ring = fleet_routes.ring(grant, request) if grant.has(Scope.OPERATOR) else None
-    return page(request, "fairness.html", grant=grant, shares=shown.shares(usages), ring=ring)
+    return page(
+        request,
+        "fairness.html",
+        grant=grant,
+        shares=shown.shares(usages),
+        chart=over_time,
+        width=share_chart.WIDTH,
+        height=share_chart.HEIGHT,
+        y_of=share_chart.y_of,
+        ring=ring,
+    )

@@ -1,10 +1,15 @@
-"""Who is signed in to the console: the API key, kept in an HttpOnly cookie.
+"""Who is signed in to the console: a server-side session (:mod:`api.console.sessions`) whose
+random id is kept in an HttpOnly cookie.
 
-Signing in posts the key once; the API verifies it as it verifies a bearer key, and only a key
-it knows is stored, in a cookie scripts cannot read (``HttpOnly``), sent only to ``/ui`` and
-only by pages of this origin (``SameSite=Strict``; ``Secure`` over HTTPS). Every request checks
-the key again, so a revoked key stops working within the API's memory of keys (5 s). A form
-posted from another origin is refused before anything is read (:func:`same_origin`).
+Signing in posts the key once; the API verifies it as it verifies a bearer key and opens a
+session for it. The cookie holds only the session's id, never the key: scripts cannot read it
+(``HttpOnly``), it goes only to ``/ui`` and only from pages of this site (``SameSite=Strict``),
+only over HTTPS whenever the console is reached over HTTPS (``Secure``: the public URL is
+https, :mod:`api.console.origin`), and the browser drops it at the session's lifetime. Every
+request checks the session and the key in Redis as they are now, so signing out or revoking
+the key ends the session at its next request, and a stream open under it within
+``REINS_API_KEY_CACHE_S``. The cookie of the console before sessions (the raw key) is cleared
+whenever a session is opened or closed.
 """
 
 from __future__ import annotations
@@ -14,27 +19,29 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.responses import Response
 
-from api.auth import front_of
+from api.auth import front_of, let_recheck
+from api.console.origin import over_https
 from api.keys import Grant
 from api.problems import Problem
 
-COOKIE = "reins_console_key"
+COOKIE = "reins_console_session"
+OLD_COOKIE = "reins_console_key"  # 0.2.0 and before: the raw key
 PATH = "/ui"
 MAX_KEY_LENGTH = 200
 
 
 class SignInNeeded(Exception):
-    """No key, or one the API no longer knows: the console asks for one."""
+    """No session, or one that lapsed or whose key was revoked: the console asks for a key."""
 
 
 def grant_of(request: Request) -> Grant:
-    """The grant of the key signed in; :class:`SignInNeeded` when there is none."""
-    key = request.cookies.get(COOKIE)
-    if not key or len(key) > MAX_KEY_LENGTH:
-        raise SignInNeeded
-    grant = front_of(request).keys.verify(key)
+    """The grant of the session signed in; :class:`SignInNeeded` when there is none."""
+    session_id = request.cookies.get(COOKIE, "")
+    sessions = front_of(request).sessions
+    grant = sessions.grant_of(session_id)
     if grant is None:
         raise SignInNeeded
+    let_recheck(request, lambda: sessions.grant_of(session_id) is not None)
     return grant
 
 
@@ -54,31 +61,34 @@ def verify(request: Request, key: str) -> Grant:
     return grant
 
 
-def keep(response: Response, request: Request, key: str) -> None:
-    """Store the verified ``key`` in the console's cookie (for this browser session)."""
+def keep(response: Response, request: Request, grant: Grant, key: str) -> None:
+    """Open a session for the verified ``key`` and give its id to the browser; a session
+    this browser held before is ended (a new id at every sign-in)."""
+    front = front_of(request)
+    front.sessions.close(request.cookies.get(COOKIE, ""))
+    session_id = front.sessions.open(grant, key.strip())
     response.set_cookie(
         COOKIE,
-        key.strip(),
+        session_id,
+        max_age=int(front.settings.console_session_s),
         path=PATH,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=over_https(request),
     )
+    _clear_old(response)
 
 
-def forget(response: Response) -> None:
-    """Sign out: the cookie is cleared."""
-    response.delete_cookie(COOKIE, path=PATH, httponly=True, samesite="strict")
+def forget(response: Response, request: Request) -> None:
+    """Sign out: the session ends in Redis and the cookie is cleared."""
+    front_of(request).sessions.close(request.cookies.get(COOKIE, ""))
+    secure = over_https(request)
+    response.delete_cookie(COOKIE, path=PATH, httponly=True, samesite="strict", secure=secure)
+    _clear_old(response)
 
 
-def same_origin(request: Request) -> None:
-    """A 403 for a form posted by a page of another origin (cross-site request forgery)."""
-    origin = request.headers.get("origin")
-    mine = f"{request.url.scheme}://{request.url.netloc}"
-    if request.headers.get("sec-fetch-site") == "cross-site" or (
-        origin is not None and origin != mine
-    ):
-        raise Problem(403, "Forbidden", "a console form must be sent from the console's own pages")
+def _clear_old(response: Response) -> None:
+    response.delete_cookie(OLD_COOKIE, path=PATH, httponly=True, samesite="strict")
 
 
 SignedIn = Annotated[Grant, Depends(grant_of)]

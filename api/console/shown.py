@@ -45,6 +45,11 @@ def moment(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def clock_time(at: float) -> str:
+    """An epoch time as UTC, its time of day alone: "19:48:26"."""
+    return datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S")
+
+
 def time_left(expires_at: float, now: float) -> str:
     """What is left of a hold: "4 min 05 s left", or "expired"."""
     if expires_at <= now:
@@ -152,16 +157,27 @@ def controls_for(item: Trajectory, may_control: bool) -> list[tuple[ControlKind,
 
 @dataclass(frozen=True)
 class Share:
-    """One tenant's bar on the fairness page, in percent."""
+    """One tenant's row on the fairness page, in percent."""
 
     usage: Usage
     weight_pct: float
     admitted_pct: float
 
     @property
-    def gap_pct(self) -> float:
-        """Admitted share minus weight share: above zero, more than its weight."""
-        return self.admitted_pct - self.weight_pct
+    def owed_pct(self) -> float | None:
+        """The share the round-robin owes it now among the backlogged tenants (None when it
+        has nothing queued, or when the key cannot see the other tenants)."""
+        owed = self.usage.owed_share
+        return None if owed is None else 100 * owed
+
+    @property
+    def gap_pct(self) -> float | None:
+        """Admitted share minus what it is owed (its weight share when the key cannot see the
+        others); None when it has nothing queued: it is owed no share then."""
+        if not self.usage.backlogged:
+            return None
+        owed = self.owed_pct
+        return self.admitted_pct - (self.weight_pct if owed is None else owed)
 
 
 def shares(usages: list[Usage]) -> list[Share]:

@@ -39,10 +39,12 @@ def free_port() -> int:
         return port
 
 
-def start_api(fleet: LocalFleet, name: str = "api") -> str:
-    """Start the API process on a free loopback port; its base URL once it is ready."""
+def start_api(fleet: LocalFleet, name: str = "api", env: dict[str, str] | None = None) -> str:
+    """Start the API process on a free loopback port (``env``: more settings of its own); its
+    base URL once it is ready."""
     port = free_port()
-    fleet.start("api", name, "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING")
+    where = ("--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING")
+    fleet.start("api", name, *where, env=env)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -56,11 +58,16 @@ def start_api(fleet: LocalFleet, name: str = "api") -> str:
     return url
 
 
-def start_fleet(fleet: LocalFleet, workers: tuple[str, ...] = ("w1", "w2")) -> str:
-    """Workers, one router and the API; the API's URL."""
+def start_fleet(
+    fleet: LocalFleet,
+    workers: tuple[str, ...] = ("w1", "w2"),
+    api_env: dict[str, str] | None = None,
+) -> str:
+    """Workers, one router and the API (``api_env``: more settings of its own); the API's
+    URL."""
     for w in workers:
         fleet.start("worker", w, "--backend", BACKEND)
     fleet.start("router", "r1", "--admitter", "redis")
-    url = start_api(fleet)
+    url = start_api(fleet, env=api_env)
     fleet.wait_ready(list(workers), ["r1"])
     return url

@@ -18,8 +18,11 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 @contextmanager
-def chromium(width: int = 1366, height: int = 900) -> Iterator[webdriver.Chrome]:
-    """A headless Chromium with a laptop's screen; quit (its processes ended) on exit."""
+def chromium(
+    width: int = 1366, height: int = 900, extra: tuple[str, ...] = ()
+) -> Iterator[webdriver.Chrome]:
+    """A headless Chromium with a laptop's screen (``extra``: more of its flags); quit (its
+    processes ended) on exit."""
     driver_path = shutil.which("chromedriver") or CHROMEDRIVER
     browser = shutil.which("chromium") or CHROMIUM
     if not shutil.which(driver_path) or not shutil.which(browser):
@@ -34,6 +37,7 @@ def chromium(width: int = 1366, height: int = 900) -> Iterator[webdriver.Chrome]
         "--force-device-scale-factor=1",
         f"--window-size={width},{height}",
         "--lang=en-US",
+        *extra,
     ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)

@@ -64,11 +64,26 @@ def test_a_form_from_another_origin_is_refused_and_changes_nothing(
     http: TestClient, keys: Keys, store: RedisStore, acme_held: TrajectoryRecord
 ) -> None:
     sign_in(http, keys.acme)
-    for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"}):
+    tid = acme_held.trajectory_id
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},  # a sandboxed page, a redirect from elsewhere
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Referer": "http://evil.example/ui/inbox"},  # and no Origin
+        {"Referer": "https://testserver/ui/inbox"},  # another scheme is another origin
+    ):
         reply = http.post(decide_path(acme_held), data=decision(acme_held), headers=headers)
-        assert reply.status_code == 403 and "own pages" in reply.text
-    after = store.load("acme", acme_held.trajectory_id)
+        assert reply.status_code == 403 and "own pages" in reply.text, headers
+        paused = http.post(f"/ui/trajectories/{tid}/control/pause", headers=headers)
+        assert paused.status_code == 403, headers
+    after = store.load("acme", tid)
     assert after.record_version == acme_held.record_version
+    assert after.state is LifecycleState.AWAITING_APPROVAL and after.pending_control is None
+
+    own = {"Referer": f"http://testserver/ui/trajectories/{tid}"}  # the console's own page
+    paused = http.post(f"/ui/trajectories/{tid}/control/pause", headers=own)
+    assert paused.status_code == 200, paused.text[-300:]
+    assert store.load("acme", tid).record_version > acme_held.record_version
 
 
 def test_a_stale_or_expired_decision_shows_why_it_was_refused_and_changes_nothing(

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.console import shown
+from api.console import share_chart, shown
 from api.problems import Problem
-from api.views import Spend, Trajectory, Usage
+from api.views import SharesAt, Spend, Trajectory, Usage, UsageHistory
 from examples.support_store import agent
 from kernel.chain import ChainRow, RowKind
 from kernel.record import ControlKind
@@ -141,22 +141,60 @@ def test_controls_follow_the_scope_and_end_with_the_run() -> None:
     assert not any(on for _, on in shown.controls_for(ended, True))
 
 
-def test_shares_are_percent_and_the_heaviest_weight_first() -> None:
-    def usage(name: str, weight: float, ws: float, adm: float) -> Usage:
-        return Usage(
-            tenant=name,
-            weight=weight,
-            weight_share=ws,
-            admitted_share=adm,
-            admissions=1,
-            backlog=0,
-            wait_p50_s=None,
-            wait_p99_s=None,
-        )
+def usage(
+    name: str, weight: float, ws: float, adm: float, backlog: int = 1, owed: float | None = None
+) -> Usage:
+    return Usage(
+        tenant=name,
+        weight=weight,
+        weight_share=ws,
+        admitted_share=adm,
+        admissions=1,
+        backlog=backlog,
+        backlogged=backlog > 0,
+        owed_share=owed,
+        wait_p50_s=None,
+        wait_p99_s=None,
+    )
 
+
+def test_shares_are_percent_and_the_heaviest_weight_first() -> None:
     rows = shown.shares([usage("b", 1, 0.25, 0.5), usage("a", 3, 0.75, 0.5)])
     assert [r.usage.tenant for r in rows] == ["a", "b"]
     assert rows[0].weight_pct == pytest.approx(75) and rows[0].gap_pct == pytest.approx(-25)
+
+
+def test_the_gap_is_against_the_owed_share_and_none_with_nothing_queued() -> None:
+    idle, busy = shown.shares(  # the heaviest weight first
+        [usage("busy", 1, 0.25, 0.9, backlog=4, owed=1.0), usage("idle", 3, 0.75, 0.1, 0)]
+    )
+    assert busy.owed_pct == pytest.approx(100) and busy.gap_pct == pytest.approx(-10)
+    assert idle.owed_pct is None and idle.gap_pct is None, "owed no share: no gap"
+
+
+def test_the_share_chart_breaks_its_lines_where_nothing_was_admitted() -> None:
+    spans = [
+        SharesAt(start=0, end=1, admissions=2, contended=1.0, shares={"a": 0.75, "b": 0.25}),
+        SharesAt(start=1, end=2, admissions=0, contended=None, shares={}),
+        SharesAt(start=2, end=3, admissions=1, contended=0.0, shares={"a": 1.0, "b": 0.0}),
+    ]
+    drawn = share_chart.chart(
+        UsageHistory(tenants=["b", "a"], buckets=spans), {"a": 0.75, "b": 0.25}
+    )
+    a, b = drawn.lines
+    assert (a.tenant, b.tenant) == ("a", "b"), "the heaviest first"
+    step = share_chart.WIDTH / 3
+    top, half = share_chart.y_of(1.0), share_chart.y_of(0.5)
+    assert (top, half, share_chart.y_of(0.0)) == (8.0, 100.0, 192.0)
+    assert a.segments == (
+        f"{round(step / 2, 1)},{share_chart.y_of(0.75)}",
+        f"{round(step * 2.5, 1)},{top}",
+    )
+    assert a.shares == (0.75, None, 1.0) and b.shares == (0.25, None, 0.0)
+    assert a.weight_y == share_chart.y_of(0.75) == 54.0
+    assert drawn.contended == (1.0, None, 0.0) and drawn.left_out == 0
+    many = UsageHistory(tenants=[f"t{i}" for i in range(10)], buckets=spans)
+    assert share_chart.chart(many, {}).left_out == 10 - share_chart.LINES
 
 
 def test_the_refund_says_what_it_changes_once_the_order_was_read() -> None:

@@ -384,3 +384,75 @@ def test_a_schema_upgrade_moves_routers_and_the_api_first_then_workers() -> None
     }
     step2 = images(render(f"image.tag={new}"))
     assert set(step2.values()) == {f"ghcr.io/reins/reins:{new}"}
+
+
+INGRESS = ("ingress.enabled=true", "ingress.host=reins.example.com")
+
+
+def test_no_ingress_by_default_and_the_public_url_is_then_the_requests() -> None:
+    docs = render()
+    assert not [d for d in docs if d["kind"] == "Ingress"]
+    assert reins_env(container(docs, "api"))["REINS_PUBLIC_URL"]["value"] == ""
+
+
+def test_an_ingress_with_tls_reaches_the_api_and_makes_the_public_url_https() -> None:
+    docs = render(*INGRESS, "ingress.tls.secretName=reins-tls", "ingress.className=nginx")
+    ingress = one(docs, "Ingress", "-api")
+    assert ingress["apiVersion"] == "networking.k8s.io/v1"
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == [{"hosts": ["reins.example.com"], "secretName": "reins-tls"}]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "reins.example.com"
+    (path,) = rule["http"]["paths"]
+    assert (path["path"], path["pathType"]) == ("/", "Prefix")  # the API and its /ui
+    backend = path["backend"]["service"]
+    service = one(docs, "Service", "-api")
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    for component in ("api", "router", "worker"):
+        env = reins_env(container(docs, component))
+        settings = Settings.from_env({k: e["value"] for k, e in env.items()})
+        assert settings.public_url == "https://reins.example.com", component
+
+    plain = render(*INGRESS)
+    assert "tls" not in one(plain, "Ingress", "-api")["spec"]
+    env = reins_env(container(plain, "api"))
+    assert env["REINS_PUBLIC_URL"]["value"] == "http://reins.example.com"
+    chosen = render(*INGRESS, "ingress.tls.secretName=t", "api.publicUrl=https://agents.example")
+    env = reins_env(container(chosen, "api"))
+    assert env["REINS_PUBLIC_URL"]["value"] == "https://agents.example"
+
+
+def test_trusted_proxies_reach_the_api_as_a_setting_it_accepts() -> None:
+    docs = render("api.trustedProxies={10.0.0.0/8,fd00::/8}")
+    env = reins_env(container(docs, "api"))
+    settings = Settings.from_env({k: e["value"] for k, e in env.items()})
+    assert settings.proxies() == ["10.0.0.0/8", "fd00::/8"]
+    assert reins_env(container(render(), "api"))["REINS_TRUSTED_PROXIES"]["value"] == ""
+
+
+@pytest.mark.parametrize(
+    ("sets", "named"),
+    [
+        (("ingress.tls.enabled=true",), "ingress.tls: secretName is required"),
+        (("ingress.tls.secretName=",), "ingress.tls.secretName"),
+        (("ingress.tls.secret=reins-tls",), "ingress.tls: secretName is required"),
+        (("ingress.enabled=yes",), "ingress.enabled"),
+        (("ingress.hosts=reins.example.com",), "ingress: Additional property hosts"),
+        (("api.publicUrl=https://reins.example.com/ui",), "api.publicUrl"),
+        (("api.trustedProxies={proxy.local}",), "api.trustedProxies"),
+    ],
+)
+def test_the_schema_refuses_a_bad_ingress_or_front_door_value_naming_it(
+    sets: tuple[str, ...], named: str
+) -> None:
+    args = [a for s in (*INGRESS, *sets) for a in ("--set", s)]
+    done = helm("template", "r", str(CHART), *args)
+    assert done.returncode != 0 and not done.stdout
+    assert "values don't meet the specifications of the schema" in done.stderr
+    assert named in done.stderr, done.stderr
+
+
+def test_an_ingress_without_a_host_is_refused_naming_it() -> None:
+    done = helm("template", "r", str(CHART), "--set", "ingress.enabled=true")
+    assert done.returncode != 0 and "ingress.host is required" in done.stderr, done.stderr

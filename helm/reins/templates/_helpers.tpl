@@ -92,10 +92,10 @@ in Redis, applied at router boot;
 every other one comes from .Values.settings, so a new setting is one line in values.yaml.
 */}}
 {{- define "reins.env" -}}
-{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" "metrics_port" "metrics_host" "metrics_worker_label" "health_port" "health_host" }}
+{{- $own := list "redis_url" "broker_url" "tenants_file" "worker_concurrency" "drain_grace_s" "metrics_port" "metrics_host" "metrics_worker_label" "health_port" "health_host" "public_url" "trusted_proxies" }}
 {{- range $key, $_ := .Values.settings }}
 {{- if has $key $own }}
-{{- fail (printf "settings.%s has its own value in values.yaml (see store, broker, tenants, worker, metrics, health); remove it from settings" $key) }}
+{{- fail (printf "settings.%s has its own value in values.yaml (see store, broker, tenants, worker, metrics, health, api); remove it from settings" $key) }}
 {{- end }}
 {{- if not (regexMatch "^[a-z][a-z0-9_]*$" $key) }}
 {{- fail (printf "settings.%s: keys are kernel/settings.py field names (lower_snake_case)" $key) }}
@@ -135,6 +135,10 @@ every other one comes from .Values.settings, so a new setting is one line in val
   value: {{ required "health.port is required (the probes use it)" .Values.health.port | int | toString | quote }}
 - name: REINS_HEALTH_HOST
   value: {{ .Values.health.host | default "0.0.0.0" | quote }}
+- name: REINS_PUBLIC_URL
+  value: {{ include "reins.publicUrl" . | quote }}
+- name: REINS_TRUSTED_PROXIES
+  value: {{ join "," .Values.api.trustedProxies | quote }}
 {{- range $key, $value := .Values.settings }}
 {{- if not (kindIs "invalid" $value) }}
 - name: REINS_{{ upper $key }}
@@ -178,4 +182,14 @@ prometheus.io/path: {{ .ctx.Values.metrics.path | quote }}
 {{/* Worker grace: long enough to drain (REINS_DRAIN_GRACE_S) plus hand-back and deregistration. */}}
 {{- define "reins.workerGraceSeconds" -}}
 {{- add (.Values.worker.drainGraceSeconds | ceil | int) (.Values.worker.terminationExtraSeconds | int) }}
+{{- end }}
+
+{{/* REINS_PUBLIC_URL: api.publicUrl; else the Ingress's host, https with its TLS; else empty
+(the address each request names). */}}
+{{- define "reins.publicUrl" -}}
+{{- if .Values.api.publicUrl }}
+{{- .Values.api.publicUrl }}
+{{- else if and .Values.ingress.enabled .Values.ingress.host }}
+{{- printf "%s://%s" (ternary "https" "http" (not (empty .Values.ingress.tls))) .Values.ingress.host }}
+{{- end }}
 {{- end }}
