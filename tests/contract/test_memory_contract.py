@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -381,3 +382,18 @@ def test_erasure_and_sweeps_find_exactly_what_a_scan_finds(
     assert swept == Swept(len(due_ids), False)
     remaining = sorted(i.item_id for i in left if i.item_id not in due_ids)
     assert sorted(i.item_id for i in bank.items(tenant)) == remaining
+
+
+@pytest.mark.redis
+def test_a_redis_sweep_that_read_a_stale_page_keeps_the_item_written_since(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # The sweep reads due ids, then deletes each in scripts of its own: an item written again
+    # in between (here: never due) must survive both the item's script and the index's.
+    bank = RedisMemory(redis_client, prefix=key_prefix)
+    live = fact("pref", ["t"], at=NOW - 5, expires=NOW + 100, concerns=("cu_1",))
+    bank.put(live)
+    assert bank._delete_ids("acme", [live.item_id], NOW, -1) == []
+    assert bank.get("acme", live.item_id) == live
+    assert [i.key for i in bank.concerning("acme", "cu_1")] == ["pref"]
+    assert bank.sweep("acme", NOW + 100, None, 10) == Swept(1, False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from examples.support_store.backend import SupportStoreBackend
+from examples.support_store.remembering import agent
 from kernel.budget import Budget
 from kernel.errors import StoreUnavailable
 from kernel.events import DispatchTool
@@ -14,9 +15,9 @@ from kernel.memory import MemoryItem, MemoryKind, Visibility
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
 from router.fleet.agents import AgentCache
+from router.fleet.episodes import write_episode
 from store.memory_base import DictMemory
 from worker.fleet_agents import TurnTools
-from worker.memory_tools import write_episode
 from worker.providers.base import InFlightCalls
 from worker.turn_commands import CommandCarrier
 
@@ -82,9 +83,9 @@ def test_a_memory_store_that_does_not_answer_gives_unknown_or_error_not_a_crash(
 def test_an_episode_the_store_refuses_is_dropped_and_reported() -> None:
     ended = record()
     ended.stop_reason = StopReason.DONE
-    assert write_episode(Unanswering(), ended, 1_800_000_000.0, per_user=True) is False
+    assert write_episode(Unanswering(), ended, agent.profile, 1_800_000_000.0) is False
     bank = DictMemory()
-    assert write_episode(bank, ended, 1_800_000_000.0, per_user=True) is True
+    assert write_episode(bank, ended, agent.profile, 1_800_000_000.0) is True
     [episode] = bank.items("acme", MemoryKind.EPISODE)
     assert (episode.subject, episode.value["outcome"]) == ("cu_ana", "done")
 
