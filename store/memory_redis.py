@@ -9,7 +9,8 @@ caller may see, in one pipeline, and merges: another owner's keys are never name
 The tenant's indexes share the tag ``{P:mem:T}``: ``ids`` (item id -> its owner and what it is
 filed under) serves reads and deletes by id, always under the caller's tenant; ``u:<user>`` and
 ``c:<call>`` the items that concern a user and those a call's result shaped (erasure, removal
-by source); ``x`` and ``w`` expiry and write time (the sweep). ``memory_index.lua`` files an item
+by source); ``x`` and ``w`` expiry and write time (the sweep), which also files the items of
+0.2 and before in them, a page per sweep. ``memory_index.lua`` files an item
 in all of them before the item is written, ``memory_unindex.lua`` unfiles it after the item is
 deleted, so an item is always reachable by id, by user and by source; an index entry whose item
 is gone reads as absent. Every call retries transient errors (each is safe to repeat: a put
@@ -294,6 +295,7 @@ class RedisMemory(MemoryBank):
     def sweep(self, tenant: str, now_ms: int, keep_ms: int | None, limit: int) -> Swept:
         """See :meth:`MemoryBank.sweep`: the due ids read from the expiry and write-time sets,
         each deleted only if still due (``memory_delete.lua``, ``memory_unindex.lua``)."""
+        self._file_older_entries(tenant, limit)
         _, x_key, w_key = self._index_keys(tenant)
         cutoff = -1 if keep_ms is None else now_ms - keep_ms
 
@@ -308,9 +310,21 @@ class RedisMemory(MemoryBank):
         gone = self._delete_ids(tenant, due[:limit], now_ms, cutoff)
         return Swept(len(gone), len(due) > limit)
 
-    def close(self) -> None:
-        """Release the client's connections."""
-        self._client.close()
+    def _file_older_entries(self, tenant: str, count: int) -> None:
+        """File items written before 0.3 (a bare ``[scope, subject]`` id entry, so in no expiry
+        or time set, and by none of its users) in every index, ``count`` entries of the id
+        index a sweep: its cursor is kept in ``{P:mem:T}:filed``, ``done`` once walked."""
+        mark = self.tenant_stem(tenant) + "filed"
+        cursor = self._run("reading the filing cursor", partial(self._client.get, mark))
+        if cursor == b"done":
+            return
+        scan = partial(self._client.hscan, self.ids_key(tenant), int(cursor or 0), count=count)
+        after, entries = self._run(f"filing the older memory of {tenant}", scan)
+        older = [text(i) for i, entry in entries.items() if text(entry).startswith("[")]
+        items = self._read(tenant, older)
+        if items:
+            self._run("filing older memory items", partial(self._put_batch, items))
+        self._run("filing", partial(self._client.set, mark, after or "done"))
 
 
 def _owner_from_json(tenant: str, data: str) -> Owner:

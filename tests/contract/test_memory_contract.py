@@ -397,3 +397,26 @@ def test_a_redis_sweep_that_read_a_stale_page_keeps_the_item_written_since(
     assert bank.get("acme", live.item_id) == live
     assert [i.key for i in bank.concerning("acme", "cu_1")] == ["pref"]
     assert bank.sweep("acme", NOW + 100, None, 10) == Swept(1, False)
+
+
+@pytest.mark.redis
+def test_redis_items_written_before_the_indexes_are_filed_and_swept(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    # What 0.2 wrote: the item, and an id entry that is a bare [scope, subject], filed in no
+    # expiry or time set. The sweep files a page of them and then deletes what is due.
+    bank = RedisMemory(redis_client, prefix=key_prefix)
+    old = [fact(f"old{n}", ["t"], at=NOW - 10, expires=NOW - 1) for n in range(5)]
+    kept = fact("kept", ["t"], at=NOW - 10, expires=NOW + 100)
+    stem = bank.tenant_stem("acme")
+    for item in [*old, kept]:
+        bank.put(item)
+        redis_client.hset(bank.ids_key("acme"), item.item_id, '["user", "cu_1"]')
+        redis_client.zrem(f"{stem}x", item.item_id)
+        redis_client.zrem(f"{stem}w", item.item_id)
+    swept = 0
+    for _ in range(10):
+        swept += bank.sweep("acme", NOW, None, 2).deleted
+    assert swept == 5
+    assert [i.key for i in bank.items("acme")] == ["kept"]
+    assert redis_client.get(f"{stem}filed") == b"done"
