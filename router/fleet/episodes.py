@@ -24,6 +24,7 @@ from kernel.memory import ms
 from kernel.memory_policy import concerns_of
 from kernel.memory_tools import episode_of
 from kernel.record import TrajectoryRecord
+from router.fleet.agents import AgentCache
 from store.memory_base import MemoryBank
 
 log = logging.getLogger("reins.memory")
@@ -62,3 +63,17 @@ class Episodes:
         if self.bank is None or not ended(result):
             return False
         return write_episode(self.bank, result.record, profile, self.clock())
+
+    def after_loading(self, result: StepResult, agents: AgentCache) -> bool:
+        """:meth:`after`, the profile loaded from ``agents`` only if the run ended; an agent
+        that cannot be loaded now costs the episode (logged), never an error to the committer
+        (whose commit has happened)."""
+        if self.bank is None or not ended(result):
+            return False
+        rec = result.record
+        try:
+            profile = agents.get(rec.agent)[0].profile
+        except ReinsError as exc:
+            log.warning("%s: episode not written: %s", rec.trajectory_id, exc)
+            return False
+        return self.after(result, profile)

@@ -9,13 +9,14 @@ from collections.abc import Iterable
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.remembering import agent
 from kernel.budget import Budget
+from kernel.context import StepResult
 from kernel.errors import StoreUnavailable
-from kernel.events import DispatchTool
+from kernel.events import DispatchTool, Finish
 from kernel.memory import MemoryItem, MemoryKind, Visibility
 from kernel.record import TrajectoryRecord
-from kernel.states import StopReason
+from kernel.states import LifecycleState, StopReason
 from router.fleet.agents import AgentCache
-from router.fleet.episodes import write_episode
+from router.fleet.episodes import Episodes, write_episode
 from store.memory_base import DictMemory
 from worker.fleet_agents import TurnTools
 from worker.providers.base import InFlightCalls
@@ -108,3 +109,21 @@ def test_each_recall_reports_a_hit_or_a_miss_for_the_tenant() -> None:
     carrier.call_tool(rec, command("remember_fact", {"key": "k", "value": "ar", "tags": ["lang"]}))
     carrier.call_tool(rec, command("recall_facts", {"tags": ["lang"]}))
     assert seen == [("acme", False), ("acme", True)]
+
+
+def test_an_ending_whose_agent_cannot_be_loaded_costs_the_episode_not_the_commit() -> None:
+    ended = record()
+    ended.stop_reason = StopReason.CANCELED
+    ended.closing_message = "The request was canceled."
+    result = StepResult(
+        ended,
+        [Finish(state=LifecycleState.CANCELED, stop=StopReason.CANCELED, message="canceled")],
+    )
+    bank = DictMemory()
+    episodes = Episodes(bank, lambda: 1_800_000_000.0)
+    assert episodes.after_loading(result, AgentCache(allowed=lambda ref: False)) is False
+    assert bank.items("acme") == []
+    assert episodes.after_loading(result, AgentCache()) is True
+    assert episodes.after_loading(StepResult(ended, []), AgentCache()) is False  # not an end
+    [episode] = bank.items("acme", MemoryKind.EPISODE)
+    assert episode.value["lesson"] == "The request was canceled."
