@@ -7,8 +7,12 @@ three owners it may read; recall keeps only their items *before* it ranks anythi
 section 4.3), so a query cannot even see another owner's rows. Ranking is tag overlap, then
 recency, then the item id; items that share no tag with the query are dropped (section 4.4).
 
+An item also records whom it is about (``concerns``, which an erasure finds it by, whatever its
+owner) and, for a fact, its :class:`Provenance` (``kernel.memory_policy`` decides it).
+
 :func:`recall` is the reference: the plain scan every backend in ``store/`` must agree with
-(the contract suite checks each against it). Design: ``docs/adr/0140-memory-tiers.md``.
+(the contract suite checks each against it). Design: ``docs/adr/0140-memory-tiers.md``,
+``docs/adr/0142-memory-governance.md``.
 """
 
 from __future__ import annotations
