@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import quote
 
 import httpx
 
@@ -178,7 +179,7 @@ class ReinsClient:
         return cast(list[JsonDict], _json(self.http.get("/v1/usage")))
 
     def memory(self, kind: str | None = None, user: str | None = None) -> JsonDict:
-        """The tenant's facts and episodes (of ``kind``; in ``user``'s own scope)."""
+        """The tenant's facts and episodes (of ``kind``; that concern ``user``)."""
         params = {k: v for k, v in (("kind", kind), ("user", user)) if v}
         return cast(JsonDict, _json(self.http.get("/v1/memory", params=params)))
 
@@ -187,8 +188,19 @@ class ReinsClient:
         _raise_for(self.http.delete(f"/v1/memory/items/{item_id}"))
 
     def erase_user(self, user: str) -> JsonDict:
-        """Delete everything in ``user``'s own scope (an erasure request)."""
-        return cast(JsonDict, _json(self.http.delete(f"/v1/memory/users/{user}")))
+        """Delete every fact and episode that concerns ``user`` (an erasure request); what
+        was deleted."""
+        return cast(JsonDict, _json(self.http.delete(f"/v1/memory/users/{quote(user, safe='')}")))
+
+    def export_user(self, user: str) -> JsonDict:
+        """Everything the tenant's memory holds about ``user``."""
+        path = f"/v1/memory/users/{quote(user, safe='')}/export"
+        return cast(JsonDict, _json(self.http.get(path)))
+
+    def erase_source(self, call_id: str) -> JsonDict:
+        """Delete every fact the result of tool call ``call_id`` shaped; what was deleted."""
+        path = f"/v1/memory/sources/{quote(call_id, safe='/')}"
+        return cast(JsonDict, _json(self.http.delete(path)))
 
     def ring(self) -> JsonDict:
         """The ring (operator keys)."""

@@ -4,8 +4,9 @@ Every handler takes the tenant from the caller's key and passes it to the memory
 every read and delete is scoped by it: another tenant's item id gets the very 404 an id that
 exists nowhere gets, listings hold only the caller's items, and a recall's visibility is built
 from the key's tenant, so it can neither see nor rank another tenant's rows. Reading needs the
-``read`` scope; deleting (an item, or everything in a user's own scope for an erasure request)
-needs ``control``.
+``read`` scope, as does a user's export; deleting (an item, everything that concerns a user for
+an erasure request, or everything one tool call's result shaped) needs ``control``. A user or a
+call the tenant never saw gets an empty answer, exactly as one it saw and holds nothing of.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 from api.auth import Authenticated, front_of, need
 from api.keys import Scope as KeyScope
 from api.problems import not_found
-from kernel.memory import MemoryItem, MemoryKind, Visibility, ms
+from kernel.memory import MemoryItem, MemoryKind, Provenance, Visibility, ms
 from store.memory_base import MAX_RECALL
 
 router = APIRouter(prefix="/v1/memory", tags=["memory"])
@@ -40,6 +41,9 @@ class MemoryView(BaseModel):
     tags: list[str]
     written_ms: int
     expires_ms: int | None
+    concerns: list[str]
+    trajectory_id: str | None
+    provenance: Provenance | None
 
 
 class MemoryPage(BaseModel):
@@ -49,10 +53,29 @@ class MemoryPage(BaseModel):
 
 
 class Erased(BaseModel):
-    """What an erasure request deleted."""
+    """What an erasure request deleted: every item that concerned the user."""
 
     user: str
     deleted: int
+    items: list[MemoryView]
+
+
+class Removed(BaseModel):
+    """What a removal by source deleted: every item one tool call's result shaped."""
+
+    call_id: str
+    deleted: int
+    items: list[MemoryView]
+
+
+class Export(BaseModel):
+    """Everything the tenant's memory holds about a user: the facts and episodes that concern
+    them, newest first, and the trajectories those were written by."""
+
+    user: str
+    facts: list[MemoryView]
+    episodes: list[MemoryView]
+    trajectories: list[str]
 
 
 def view_of(item: MemoryItem) -> MemoryView:
@@ -67,6 +90,9 @@ def view_of(item: MemoryItem) -> MemoryView:
         tags=list(item.tags),
         written_ms=item.written_ms,
         expires_ms=item.expires_ms,
+        concerns=list(item.concerns),
+        trajectory_id=item.trajectory_id,
+        provenance=item.provenance,
     )
 
 
@@ -77,7 +103,7 @@ def list_memory(
     kind: MemoryKind | None = None,
     user: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> MemoryPage:
-    """The tenant's facts and episodes (of ``kind``; in ``user``'s own scope), newest first."""
+    """The tenant's facts and episodes (of ``kind``; that concern ``user``), newest first."""
     tenant = need(grant, KeyScope.READ)
     items = front_of(request).memory.items(tenant, kind, user)
     return MemoryPage(items=[view_of(i) for i in items])
@@ -121,6 +147,31 @@ def delete_item(item_id: ItemId, grant: Authenticated, request: Request) -> Resp
 
 @router.delete("/users/{user}", response_model=Erased)
 def erase_user(user: Name, grant: Authenticated, request: Request) -> Erased:
-    """Delete everything in ``user``'s own scope of the tenant (an erasure request)."""
+    """Delete every fact and episode of the tenant that concerns ``user``, whatever its scope
+    (an erasure request); what was deleted."""
     tenant = need(grant, KeyScope.CONTROL)
-    return Erased(user=user, deleted=front_of(request).memory.erase_user(tenant, user))
+    gone = front_of(request).memory.erase_user(tenant, user)
+    return Erased(user=user, deleted=len(gone), items=[view_of(i) for i in gone])
+
+
+@router.get("/users/{user}/export", response_model=Export)
+def export_user(user: Name, grant: Authenticated, request: Request) -> Export:
+    """Everything the tenant's memory holds about ``user``, as JSON."""
+    tenant = need(grant, KeyScope.READ)
+    held = front_of(request).memory.concerning(tenant, user)
+    runs = {i.trajectory_id for i in held if i.trajectory_id}
+    return Export(
+        user=user,
+        facts=[view_of(i) for i in held if i.kind is MemoryKind.FACT],
+        episodes=[view_of(i) for i in held if i.kind is MemoryKind.EPISODE],
+        trajectories=sorted(runs),
+    )
+
+
+@router.delete("/sources/{call_id:path}", response_model=Removed)
+def erase_source(call_id: Name, grant: Authenticated, request: Request) -> Removed:
+    """Delete every fact of the tenant that the result of tool call ``call_id`` shaped (a call
+    id is ``TRAJECTORY/tN``, slash included, as the chain and ``reins memory ls`` show it)."""
+    tenant = need(grant, KeyScope.CONTROL)
+    gone = front_of(request).memory.erase_source(tenant, call_id)
+    return Removed(call_id=call_id, deleted=len(gone), items=[view_of(i) for i in gone])

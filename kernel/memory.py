@@ -7,8 +7,12 @@ three owners it may read; recall keeps only their items *before* it ranks anythi
 section 4.3), so a query cannot even see another owner's rows. Ranking is tag overlap, then
 recency, then the item id; items that share no tag with the query are dropped (section 4.4).
 
+An item also records whom it is about (``concerns``, which an erasure finds it by, whatever its
+owner) and, for a fact, its :class:`Provenance` (``kernel.memory_policy`` decides it).
+
 :func:`recall` is the reference: the plain scan every backend in ``store/`` must agree with
-(the contract suite checks each against it). Design: ``docs/adr/0140-memory-tiers.md``.
+(the contract suite checks each against it). Design: ``docs/adr/0140-memory-tiers.md``,
+``docs/adr/0142-memory-governance.md``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from kernel.progress import digest
 MAX_TAGS = 32  # per item and per query: keeps a ranking score an exact integer in Redis
 MAX_TAG_CHARS = 64
 MAX_KEY_CHARS = 200
+MAX_NAME_CHARS = 200  # a user's or a call's name, as items record them
+MAX_CONCERNS = 256  # users one item may concern; a write naming more is refused, never cut
 
 
 class Scope(StrEnum):
@@ -42,6 +48,41 @@ class MemoryKind(StrEnum):
 
     FACT = "fact"
     EPISODE = "episode"
+
+
+class Source(StrEnum):
+    """Where a fact came from: a tool's result, the user's goal, a reviewer who approved
+    the write, or the model's own text."""
+
+    TOOL_RESULT = "tool_result"
+    GOAL = "goal"
+    REVIEWER = "reviewer"
+    MODEL = "model"
+
+
+class Trust(StrEnum):
+    """Whether a fact may carry someone else's words: untrusted once anything that shaped it
+    came from content neither the user nor the system wrote (seed 000, the write policy)."""
+
+    TRUSTED = "trusted"
+    UNTRUSTED = "untrusted"
+
+
+class Provenance(BaseModel):
+    """A fact's source and trust, and the tool calls whose results it may derive from (the
+    cited one, and every untrusted one its writer had read), so that what one source wrote
+    can be found and removed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: Source
+    trust: Trust
+    call_ids: tuple[str, ...] = ()
+
+    @field_validator("call_ids", mode="before")
+    @classmethod
+    def _calls(cls, calls: Any) -> tuple[str, ...]:
+        return normal_names(calls, "call_ids")
 
 
 @dataclass(frozen=True)
@@ -93,16 +134,40 @@ def normal_tags(tags: Iterable[Any], what: str = "tags") -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+def normal_names(names: Any, what: str, most: int = MAX_CONCERNS) -> tuple[str, ...]:
+    """Users' or calls' names as items record them: distinct and sorted; refuses a name that
+    is empty, too long or not text, and more than ``most`` of them."""
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise InvalidInput(f"{what}: {names!r} is not a list of names", field=what)
+    out = set()
+    for name in names:
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
+            raise InvalidInput(f"{what}: {name!r} is not a name (1..{MAX_NAME_CHARS})", field=what)
+        out.add(name)
+    if len(out) > most:
+        raise InvalidInput(f"{what}: {len(out)} names, at most {most}", field=what)
+    return tuple(sorted(out))
+
+
+def name_token(name: str) -> str:
+    """The opaque key part of one user's or call's name (bounded, and no character of a name
+    can reach a key's hash tag)."""
+    return "n" + digest(name, size=20)
+
+
 def tag_token(tag: str) -> str:
     """The opaque index term of one normalised tag (no tokenizer rule can split it)."""
     return "t" + digest(tag, size=20)
 
 
 class MemoryItem(BaseModel):
-    """A fact or an episode, as stored: its owner, key, value, tags, write time and expiry.
+    """A fact or an episode, as stored: its owner, key, value, tags, write time and expiry;
+    the users it concerns, the run that wrote it and, for a fact, its provenance.
 
     Times are integer milliseconds (the clock is the caller's), so every backend ranks by the
-    same exact recency.
+    same exact recency. ``concerns`` is what an erasure finds an item by, whatever its owner:
+    the trajectory's user and every user the tool results it was built from name. An item
+    written before items recorded it has none, and is found by its owner alone.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -116,11 +181,29 @@ class MemoryItem(BaseModel):
     tags: tuple[str, ...] = ()
     written_ms: int = Field(ge=0)
     expires_ms: int | None = None
+    concerns: tuple[str, ...] = ()
+    trajectory_id: str | None = None
+    provenance: Provenance | None = None  # None: written by reins itself (an episode)
 
     @field_validator("tags", mode="before")
     @classmethod
     def _tags(cls, tags: Any) -> tuple[str, ...]:
         return normal_tags(tags if isinstance(tags, list | tuple) else [tags])
+
+    @field_validator("concerns", mode="before")
+    @classmethod
+    def _concerns(cls, users: Any) -> tuple[str, ...]:
+        return normal_names(users, "concerns")
+
+    def concerns_user(self, user: str) -> bool:
+        """True when an erasure of ``user`` must take this item: it concerns them, or it is
+        theirs (an item that predates ``concerns``)."""
+        return user in self.concerns or (self.scope is Scope.USER and self.subject == user)
+
+    @property
+    def call_ids(self) -> tuple[str, ...]:
+        """The tool calls this item may derive from (none for an episode)."""
+        return () if self.provenance is None else self.provenance.call_ids
 
     @property
     def owner(self) -> Owner:

@@ -3,37 +3,32 @@
 ``remember_fact`` is a write like any other: it is admitted, granted, held for approval when
 its predicate says so, and frozen by a read-only grant. ``recall_facts`` is a read. Neither
 takes an owner from the model: the runtime that carries them out fills the tenant, the user and
-the agent in from the trajectory (``worker.memory_tools``). A write of the same key replaces
-the fact, so a re-send under the same call key has one effect (``OnUnknown.RESEND``).
+the agent in from the trajectory (``worker.memory_tools``), and judges each write by the
+agent's :class:`~kernel.memory_policy.MemoryPolicy` and the fact's provenance. A write of the
+same key replaces the fact, so a re-send under the same call key has one effect
+(``OnUnknown.RESEND``).
 
 :func:`episode_of` is pure: the episode of an ended run, from its record alone.
-Design: ``docs/adr/0140-memory-tiers.md``.
+Design: ``docs/adr/0140-memory-tiers.md``, ``docs/adr/0142-memory-governance.md``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from kernel.memory import MAX_TAG_CHARS, MAX_TAGS, MemoryItem, MemoryKind, Scope
+from kernel.memory_policy import RECALL_TOOL, REMEMBER_TOOL, MemoryPolicy
 from kernel.record import TrajectoryRecord
 from kernel.tools import DeclaredTool, OnUnknown, ToolKind, tool
 
+__all__ = ["MemoryPolicy", "RecallArgs", "RememberArgs", "episode_of", "remember_fact"]
+
 DAY_MS = 86_400_000
-
-
-@dataclass(frozen=True)
-class MemoryPolicy:
-    """What an agent keeps across runs: whether its ended runs leave an episode, and whether
-    episodes are filed under the user (else under the agent, for the whole tenant)."""
-
-    episodes: bool = True
-    episodes_per_user: bool = False
-    recall_episodes: int = 0  # how many recalled episodes the first view shows
 
 
 def episode_view(item: MemoryItem) -> dict[str, Any]:
@@ -49,6 +44,12 @@ class RememberArgs(BaseModel):
     tags: list[str] = Field(min_length=1, max_length=8)
     scope: Literal["user", "tenant", "agent"] = "user"
     ttl_days: int = Field(365, ge=1, le=3650)
+    source: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="where the fact comes from: 'goal', or the call id of a tool result",
+    )
 
 
 class RecallArgs(BaseModel):
@@ -78,6 +79,7 @@ def recall_facts(tags: list[str]) -> None:
 
 MEMORY_TOOLS: tuple[DeclaredTool, ...] = (remember_fact, recall_facts)
 MEMORY_TOOL_NAMES = frozenset(t.spec.name for t in MEMORY_TOOLS)
+assert {REMEMBER_TOOL, RECALL_TOOL} == MEMORY_TOOL_NAMES  # kernel.memory_policy names them
 
 _WORD = re.compile(r"[a-z0-9_]{3,}")
 
@@ -89,10 +91,14 @@ def goal_tags(goal: str) -> list[str]:
 
 
 def episode_of(
-    rec: TrajectoryRecord, now_ms: int, per_user: bool, lesson: str | None = None
+    rec: TrajectoryRecord,
+    now_ms: int,
+    per_user: bool,
+    concerns: Iterable[str] = (),
 ) -> MemoryItem:
-    """The episode of an ended run: goal, stop reason, steps, cost and an optional lesson,
-    under the user (``per_user``) or the agent of the trajectory's tenant."""
+    """The episode of an ended run: goal, stop reason, steps, cost and its lesson (the closing
+    message, built from the state), under the user (``per_user``) or the agent of the
+    trajectory's tenant; it concerns the run's user and ``concerns``."""
     led = rec.ledger
     return MemoryItem(
         kind=MemoryKind.EPISODE,
@@ -105,8 +111,10 @@ def episode_of(
             "outcome": rec.stop_reason.value if rec.stop_reason else None,
             "steps": rec.turn,
             "cost": str(led.dollars.actual),
-            "lesson": lesson,
+            "lesson": rec.closing_message,
         },
         tags=goal_tags(rec.goal) or ["untagged"],
         written_ms=now_ms,
+        concerns=[rec.user, *concerns],
+        trajectory_id=rec.trajectory_id,
     )

@@ -70,6 +70,13 @@ class Settings(BaseModel):
         "this long after its last chain row; a tenant's retention_days in the fleet's "
         "configuration overrides it",
     )
+    memory_retention_days: float = Field(
+        365.0,
+        gt=0,
+        description="a memory item (fact or episode) is deleted this long after it was written, "
+        "whatever its own expiry; a tenant's retention_days in the fleet's [memory] section "
+        "overrides it",
+    )
     redis_cluster: bool = Field(
         False,
         description="the store's Redis is a Redis Cluster (implied by a redis+cluster:// URL)",

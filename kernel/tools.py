@@ -80,6 +80,11 @@ class ToolSpec:
     )
     not_done_text: str = ""  # phrase when it did not ("the confirmation email was not sent")
     changes: ChangePreview = _unknown  # what a call would change, for its reviewer
+    # Memory (kernel.memory_policy): whether its results are content the user or the system
+    # wrote (a record's fields), not someone else's words (a ticket's body, a page, an e-mail);
+    # and the result fields that name users, whom a fact built from it concerns.
+    trusted_output: bool = False
+    names_users: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         resends = self.kind is ToolKind.WRITE and self.on_unknown is OnUnknown.RESEND
@@ -156,6 +161,8 @@ def tool(
     done_text: str = "",
     not_done_text: str = "",
     changes: ChangePreview = _unknown,
+    trusted_output: bool = False,
+    names_users: Iterable[str] = (),
 ) -> Callable[[Callable[..., Any]], DeclaredTool]:
     """Declare a tool: ``@tool(RefundArgs, kind=ToolKind.WRITE, ...)`` over its implementation."""
 
@@ -176,6 +183,8 @@ def tool(
             done_text=done_text,
             not_done_text=not_done_text,
             changes=changes,
+            trusted_output=trusted_output,
+            names_users=tuple(names_users),
         )
         return DeclaredTool(spec=spec, fn=fn)
 

@@ -13,15 +13,23 @@ Contract:
   predicate, applied before anything is ranked or counted, never a filter on ranked rows.
 * Every read and delete by id or by user is scoped by the tenant given, which comes from the
   credential: another tenant's ids are indistinguishable from ids that do not exist.
+* An item is findable by each user it concerns (``MemoryItem.concerns``) and by each call its
+  provenance names, from before it is readable until after it is deleted: an erasure or a
+  removal by source never misses an item it would have found by a scan. ``erase_user`` and
+  ``erase_source`` delete them in every index and return what they deleted.
+* ``sweep`` deletes a tenant's items whose expiry has passed or that are older than the
+  tenant's retention, at most ``limit`` of them a call; an item written again meanwhile (no
+  longer due) is kept.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from kernel.errors import InvalidInput
-from kernel.memory import MemoryItem, MemoryKind, Scope, Visibility, normal_tags, recall
+from kernel.memory import MemoryItem, MemoryKind, Visibility, normal_tags, recall
 
 MAX_RECALL = 100  # the most items one recall may ask for
 
@@ -31,6 +39,27 @@ def check_limit(limit: int) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_RECALL:
         raise InvalidInput(f"limit: {limit!r} is not a whole number in 1..{MAX_RECALL}")
     return limit
+
+
+def newest_first(items: Iterable[MemoryItem]) -> list[MemoryItem]:
+    """Items in listing order: newest first, then the highest id."""
+    return sorted(items, key=lambda i: (i.written_ms, i.item_id), reverse=True)
+
+
+def due(item: MemoryItem, now_ms: int, keep_ms: int | None) -> bool:
+    """True when a sweep at ``now_ms`` deletes ``item``: its expiry has passed, or it was
+    written ``keep_ms`` or more ago (None: no retention)."""
+    if not item.live(now_ms):
+        return True
+    return keep_ms is not None and item.written_ms <= now_ms - keep_ms
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one sweep deleted; ``more`` when it stopped at its limit (more may be due)."""
+
+    deleted: int
+    more: bool
 
 
 class MemoryBank(abc.ABC):
@@ -68,14 +97,18 @@ class MemoryBank(abc.ABC):
     def items(
         self, tenant: str, kind: MemoryKind | None = None, user: str | None = None
     ) -> list[MemoryItem]:
-        """Every item of ``tenant`` (of ``kind``; in ``user``'s own scope), newest first."""
-        found = [
-            i
-            for i in self._tenant_items(tenant)
-            if (kind is None or i.kind is kind)
-            and (user is None or (i.scope is Scope.USER and i.subject == user))
-        ]
-        return sorted(found, key=lambda i: (i.written_ms, i.item_id), reverse=True)
+        """Every item of ``tenant`` (of ``kind``; that concerns ``user``), newest first."""
+        found = self._tenant_items(tenant) if user is None else self.concerning(tenant, user)
+        return newest_first(i for i in found if kind is None or i.kind is kind)
+
+    @abc.abstractmethod
+    def concerning(self, tenant: str, user: str) -> list[MemoryItem]:
+        """Every item of ``tenant`` that concerns ``user`` (``MemoryItem.concerns_user``),
+        through the index by user; newest first."""
+
+    @abc.abstractmethod
+    def from_source(self, tenant: str, call_id: str) -> list[MemoryItem]:
+        """Every item of ``tenant`` whose provenance names the tool call ``call_id``."""
 
     @abc.abstractmethod
     def _tenant_items(self, tenant: str) -> Iterable[MemoryItem]:
@@ -85,12 +118,22 @@ class MemoryBank(abc.ABC):
     def delete(self, tenant: str, item_id: str) -> bool:
         """Delete the item ``item_id`` of ``tenant``; False if ``tenant`` holds none."""
 
-    def erase_user(self, tenant: str, user: str) -> int:
-        """Delete every item in ``user``'s own scope (an erasure request); how many."""
-        gone = 0
-        for item in self.items(tenant, user=user):
-            gone += self.delete(tenant, item.item_id)
-        return gone
+    def erase_user(self, tenant: str, user: str) -> list[MemoryItem]:
+        """Delete every item that concerns ``user``, whatever its owner or kind (an erasure
+        request), from every index; the items deleted."""
+        return self._delete_all(tenant, self.concerning(tenant, user))
+
+    def erase_source(self, tenant: str, call_id: str) -> list[MemoryItem]:
+        """Delete every item whose provenance names the tool call ``call_id``; the items
+        deleted."""
+        return self._delete_all(tenant, self.from_source(tenant, call_id))
+
+    def _delete_all(self, tenant: str, items: list[MemoryItem]) -> list[MemoryItem]:
+        return [i for i in items if self.delete(tenant, i.item_id)]
+
+    @abc.abstractmethod
+    def sweep(self, tenant: str, now_ms: int, keep_ms: int | None, limit: int) -> Swept:
+        """Delete up to ``limit`` of ``tenant``'s items that are :func:`due` at ``now_ms``."""
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release connections; the store is not used afterwards."""
@@ -119,9 +162,24 @@ class DictMemory(MemoryBank):
     def _tenant_items(self, tenant: str) -> list[MemoryItem]:
         return [i for i in self._items.values() if i.tenant == tenant]
 
+    def concerning(self, tenant: str, user: str) -> list[MemoryItem]:
+        """See :meth:`MemoryBank.concerning` (a scan: this is the reference)."""
+        return newest_first(i for i in self._tenant_items(tenant) if i.concerns_user(user))
+
+    def from_source(self, tenant: str, call_id: str) -> list[MemoryItem]:
+        """See :meth:`MemoryBank.from_source`."""
+        return newest_first(i for i in self._tenant_items(tenant) if call_id in i.call_ids)
+
     def delete(self, tenant: str, item_id: str) -> bool:
         """See :meth:`MemoryBank.delete`."""
         if self.get(tenant, item_id) is None:
             return False
         del self._items[item_id]
         return True
+
+    def sweep(self, tenant: str, now_ms: int, keep_ms: int | None, limit: int) -> Swept:
+        """See :meth:`MemoryBank.sweep`."""
+        found = [i for i in self._tenant_items(tenant) if due(i, now_ms, keep_ms)]
+        for item in found[:limit]:
+            del self._items[item.item_id]
+        return Swept(min(len(found), limit), len(found) > limit)

@@ -6,10 +6,15 @@ recall are each one Lua script over one owner's keys (``lua/memory_*.lua``, head
 keys), so each is atomic and works on Redis Cluster. Recall runs the script once per owner the
 caller may see, in one pipeline, and merges: another owner's keys are never named.
 
-The tenant's id index ``{P:mem:T}:ids`` (item id -> owner token) serves reads and deletes by id,
-always under the caller's tenant. It is written before the item and cleared after it, so an item
-is always reachable by id; an index entry whose item is gone reads as absent. Every call retries
-transient errors (each is safe to repeat: a put replaces, a delete of nothing is a no-op).
+The tenant's indexes share the tag ``{P:mem:T}``: ``ids`` (item id -> its owner and what it is
+filed under) serves reads and deletes by id, always under the caller's tenant; ``u:<user>`` and
+``c:<call>`` the items that concern a user and those a call's result shaped (erasure, removal
+by source); ``x`` and ``w`` expiry and write time (the sweep), which also files the items of
+0.2 and before in them, a page per sweep. ``memory_index.lua`` files an item
+in all of them before the item is written, ``memory_unindex.lua`` unfiles it after the item is
+deleted, so an item is always reachable by id, by user and by source; an index entry whose item
+is gone reads as absent. Every call retries transient errors (each is safe to repeat: a put
+replaces, a delete of nothing is a no-op).
 """
 
 from __future__ import annotations
@@ -23,9 +28,17 @@ from urllib.parse import quote
 import redis
 
 from kernel.errors import ConfigError
-from kernel.memory import MemoryItem, MemoryKind, Owner, Scope, Visibility, tag_token
+from kernel.memory import (
+    MemoryItem,
+    MemoryKind,
+    Owner,
+    Scope,
+    Visibility,
+    name_token,
+    tag_token,
+)
 from kernel.settings import Settings
-from store.memory_base import MemoryBank
+from store.memory_base import MemoryBank, Swept, newest_first
 from store.redis_client import client_for, is_cluster, retry_transient, text
 from store.scripts import run_batch, scripts_beside
 
@@ -44,6 +57,8 @@ class RedisMemory(MemoryBank):
         self._put = SCRIPTS("memory_put.lua")
         self._delete = SCRIPTS("memory_delete.lua")
         self._recall = SCRIPTS("memory_recall.lua")
+        self._index = SCRIPTS("memory_index.lua")
+        self._unindex = SCRIPTS("memory_unindex.lua")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RedisMemory:
@@ -60,9 +75,17 @@ class RedisMemory(MemoryBank):
         """The common start of every key of one owner (its hash tag included)."""
         return f"{{{self.prefix}:mem:{owner_token}}}:"
 
+    def tenant_stem(self, tenant: str) -> str:
+        """The common start of every index key of one tenant (its hash tag included)."""
+        return f"{{{self.prefix}:mem:{quote(tenant, safe='')}}}:"
+
     def ids_key(self, tenant: str) -> str:
         """The tenant's id index."""
-        return f"{{{self.prefix}:mem:{quote(tenant, safe='')}}}:ids"
+        return self.tenant_stem(tenant) + "ids"
+
+    def _index_keys(self, tenant: str) -> list[str]:
+        stem = self.tenant_stem(tenant)
+        return [f"{stem}ids", f"{stem}x", f"{stem}w"]
 
     def _run(self, what: str, fn: Any) -> Any:
         return retry_transient(fn, what=what, attempts=self._attempts, counted=self._attempts)
@@ -94,12 +117,37 @@ class RedisMemory(MemoryBank):
             queue(pipe)
             return pipe.execute(raise_on_error=False)
 
-        return run_batch(self._client, send, (self._put, self._delete, self._recall))
+        scripts = (self._put, self._delete, self._recall, self._index, self._unindex)
+        return run_batch(self._client, send, scripts)
+
+    def _in_order(self, first: Callable[[Any], None], then: Callable[[Any], None]) -> list[Any]:
+        """``first``'s commands, then ``then``'s: in one pipeline on one node, in two on a
+        cluster (where a pipeline's commands to different masters have no order)."""
+        if is_cluster(self._client):
+            return [*self._scripted(first), *self._scripted(then)]
+
+        def both(pipe: Any) -> None:
+            first(pipe)
+            then(pipe)
+
+        return self._scripted(both)
 
     def _put_batch(self, items: list[MemoryItem]) -> None:
         def index(pipe: Any) -> None:
             for item in items:
-                pipe.hset(self.ids_key(item.tenant), item.item_id, _owner_json(item.owner))
+                entry = {
+                    "o": [item.scope.value, item.subject],
+                    "u": [name_token(u) for u in item.concerns],
+                    "c": [name_token(c) for c in item.call_ids],
+                }
+                args = [
+                    item.item_id,
+                    json.dumps(entry),
+                    self.tenant_stem(item.tenant),
+                    "" if item.expires_ms is None else item.expires_ms,
+                    item.written_ms,
+                ]
+                pipe.execute_command(*self._index.command(self._index_keys(item.tenant), args))
 
         def write(pipe: Any) -> None:
             for item in items:
@@ -116,15 +164,7 @@ class RedisMemory(MemoryBank):
                 ]
                 pipe.execute_command(*self._put.command(keys, args))
 
-        def both(pipe: Any) -> None:
-            index(pipe)
-            write(pipe)
-
-        if is_cluster(self._client):  # the id index is on other masters: in place first
-            self._scripted(index)
-            self._scripted(write)
-        else:
-            self._scripted(both)
+        self._in_order(index, write)  # the indexes first: an item is never unfiled
 
     def _ranked(
         self, vis: Visibility, kind: MemoryKind, wanted: tuple[str, ...], now_ms: int, limit: int
@@ -157,58 +197,138 @@ class RedisMemory(MemoryBank):
 
     def get(self, tenant: str, item_id: str) -> MemoryItem | None:
         """See :meth:`MemoryBank.get`."""
-        owner = self._run(
-            f"reading memory item {item_id}",
-            partial(self._client.hget, self.ids_key(tenant), item_id),
+        found = self._read(tenant, [item_id])
+        return found[0] if found else None
+
+    def _read(self, tenant: str, item_ids: Iterable[str]) -> list[MemoryItem]:
+        """The items of ``item_ids`` that ``tenant`` holds (two round trips: where each is
+        filed, then the items)."""
+        ids = list(dict.fromkeys(item_ids))
+        if not ids:
+            return []
+        owners: list[Any] = self._run(
+            f"reading {len(ids)} memory items",
+            partial(self._client.hmget, self.ids_key(tenant), ids),
         )
-        if owner is None:
-            return None
-        stem = self.stem(_owner_from_json(tenant, text(owner)).token)
-        data = self._run(
-            f"reading memory item {item_id}",
-            partial(self._client.hget, f"{stem}i:{item_id}", "d"),
-        )
-        return None if data is None else MemoryItem.model_validate_json(data)
+        return self._fetch(tenant, [(i, o) for i, o in zip(ids, owners, strict=True) if o])
+
+    def _fetch(self, tenant: str, filed: list[tuple[str, Any]]) -> list[MemoryItem]:
+        def fetch() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for item_id, entry in filed:
+                stem = self.stem(_owner_from_json(tenant, text(entry)).token)
+                pipe.hget(f"{stem}i:{item_id}", "d")
+            return pipe.execute()
+
+        found = self._run("reading memory items", fetch) if filed else []
+        return [MemoryItem.model_validate_json(d) for d in found if d]
 
     def _tenant_items(self, tenant: str) -> list[MemoryItem]:
         index: dict[bytes, bytes] = self._run(
             f"listing memory of {tenant}", partial(self._client.hgetall, self.ids_key(tenant))
         )
+        return self._fetch(tenant, [(text(i), o) for i, o in index.items()])
 
-        def fetch() -> list[Any]:
+    def concerning(self, tenant: str, user: str) -> list[MemoryItem]:
+        """See :meth:`MemoryBank.concerning`: the user's set of the index, and the user's own
+        scope's recency sets (items filed before ``concerns`` was recorded)."""
+        own = self.stem(Owner(tenant, Scope.USER, user).token)
+
+        def ask() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)
-            for item_id, owner in index.items():
-                stem = self.stem(_owner_from_json(tenant, text(owner)).token)
-                pipe.hget(f"{stem}i:{text(item_id)}", "d")
+            pipe.smembers(f"{self.tenant_stem(tenant)}u:{name_token(user)}")
+            for kind in MemoryKind:
+                pipe.zrange(f"{own}r:{kind.value}", 0, -1)
             return pipe.execute()
 
-        return [MemoryItem.model_validate_json(d) for d in self._run("listing", fetch) if d]
+        replies = self._run(f"reading the memory of a user of {tenant}", ask)
+        ids = sorted({text(i) for reply in replies for i in reply})
+        return newest_first(i for i in self._read(tenant, ids) if i.concerns_user(user))
+
+    def from_source(self, tenant: str, call_id: str) -> list[MemoryItem]:
+        """See :meth:`MemoryBank.from_source`."""
+        key = f"{self.tenant_stem(tenant)}c:{name_token(call_id)}"
+        ids = self._run(f"reading what {call_id} wrote", partial(self._client.smembers, key))
+        found = self._read(tenant, sorted(text(i) for i in ids))
+        return newest_first(i for i in found if call_id in i.call_ids)
 
     def delete(self, tenant: str, item_id: str) -> bool:
         """See :meth:`MemoryBank.delete`."""
-        ids = self.ids_key(tenant)
-        owner = self._run(
-            f"deleting memory item {item_id}", partial(self._client.hget, ids, item_id)
+        return bool(self._delete_ids(tenant, [item_id]))
+
+    def _delete_all(self, tenant: str, items: list[MemoryItem]) -> list[MemoryItem]:
+        gone = set(self._delete_ids(tenant, [i.item_id for i in items]))
+        return [i for i in items if i.item_id in gone]
+
+    def _delete_ids(
+        self, tenant: str, item_ids: list[str], now_ms: int | None = None, cutoff_ms: int = -1
+    ) -> list[str]:
+        """Delete the items ``item_ids`` of ``tenant`` (when ``now_ms`` is given, only those
+        still due for a sweep at it, with ``cutoff_ms`` its retention's cutoff), then unfile
+        them; the ids of the items deleted."""
+        if not item_ids:
+            return []
+        owners: list[Any] = self._run(
+            f"deleting {len(item_ids)} memory items",
+            partial(self._client.hmget, self.ids_key(tenant), item_ids),
         )
-        if owner is None:
-            return False
-        stem = self.stem(_owner_from_json(tenant, text(owner)).token)
-        existed = self._run(
-            f"deleting memory item {item_id}",
-            partial(self._delete.run, self._client, [f"{stem}i:{item_id}"], [item_id, stem]),
-        )
-        self._run(f"deleting memory item {item_id}", partial(self._client.hdel, ids, item_id))
-        return bool(existed)
+        when = ["", ""] if now_ms is None else [now_ms, "" if cutoff_ms < 0 else cutoff_ms]
+        located = [(i, o) for i, o in zip(item_ids, owners, strict=True) if o]
 
-    def close(self) -> None:
-        """Release the client's connections."""
-        self._client.close()
+        def delete(pipe: Any) -> None:
+            for item_id, entry in located:
+                stem = self.stem(_owner_from_json(tenant, text(entry)).token)
+                keys, args = [f"{stem}i:{item_id}"], [item_id, stem, *when]
+                pipe.execute_command(*self._delete.command(keys, args))
 
+        def unindex(pipe: Any) -> None:
+            keys, stem = self._index_keys(tenant), self.tenant_stem(tenant)
+            for item_id in item_ids:
+                pipe.execute_command(*self._unindex.command(keys, [item_id, stem, *when]))
 
-def _owner_json(owner: Owner) -> str:
-    return json.dumps([owner.scope.value, owner.subject])
+        def both() -> list[Any]:
+            return self._in_order(delete, unindex)  # the item first: never unfiled while held
+
+        replies = self._run(f"deleting {len(item_ids)} memory items", both)
+        return [i for (i, _), r in zip(located, replies, strict=False) if int(r) == 1]
+
+    def sweep(self, tenant: str, now_ms: int, keep_ms: int | None, limit: int) -> Swept:
+        """See :meth:`MemoryBank.sweep`: the due ids read from the expiry and write-time sets,
+        each deleted only if still due (``memory_delete.lua``, ``memory_unindex.lua``)."""
+        self._file_older_entries(tenant, limit)
+        _, x_key, w_key = self._index_keys(tenant)
+        cutoff = -1 if keep_ms is None else now_ms - keep_ms
+
+        def ask() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.zrangebyscore(x_key, "-inf", now_ms, start=0, num=limit + 1)
+            pipe.zrangebyscore(w_key, "-inf", cutoff, start=0, num=limit + 1)
+            return pipe.execute()
+
+        replies = self._run(f"sweeping the memory of {tenant}", ask)
+        due = list(dict.fromkeys(text(i) for reply in replies for i in reply))
+        gone = self._delete_ids(tenant, due[:limit], now_ms, cutoff)
+        return Swept(len(gone), len(due) > limit)
+
+    def _file_older_entries(self, tenant: str, count: int) -> None:
+        """File items written before 0.3 (a bare ``[scope, subject]`` id entry, so in no expiry
+        or time set, and by none of its users) in every index, ``count`` entries of the id
+        index a sweep: its cursor is kept in ``{P:mem:T}:filed``, ``done`` once walked."""
+        mark = self.tenant_stem(tenant) + "filed"
+        cursor = self._run("reading the filing cursor", partial(self._client.get, mark))
+        if cursor == b"done":
+            return
+        scan = partial(self._client.hscan, self.ids_key(tenant), int(cursor or 0), count=count)
+        after, entries = self._run(f"filing the older memory of {tenant}", scan)
+        older = [text(i) for i, entry in entries.items() if text(entry).startswith("[")]
+        items = self._read(tenant, older)
+        if items:
+            self._run("filing older memory items", partial(self._put_batch, items))
+        self._run("filing", partial(self._client.set, mark, after or "done"))
 
 
 def _owner_from_json(tenant: str, data: str) -> Owner:
-    scope, subject = json.loads(data)
+    """The owner an id index entry names (a JSON object, or the bare pair of 0.2 and before)."""
+    entry = json.loads(data)
+    scope, subject = entry["o"] if isinstance(entry, dict) else entry
     return Owner(tenant, Scope(scope), subject)

@@ -4,8 +4,10 @@
 index over one column of opaque terms: the item's owner-and-kind term (``Owner.token`` with
 the kind) and one term per tag. A recall is one statement whose FTS5 ``MATCH`` names the
 caller's three owner terms beside each tag, so rows of any other owner never leave the index;
-the overlap is the number of tag queries an item answers. A write or delete is one
-``BEGIN IMMEDIATE`` transaction over both tables. Design: ``docs/adr/0140-memory-tiers.md``.
+the overlap is the number of tag queries an item answers. ``memory_concerns`` and
+``memory_sources`` index each item by the users it concerns and the calls its provenance
+names. A write, a delete or a sweep's page is one ``BEGIN IMMEDIATE`` transaction over every
+table. Design: ``docs/adr/0140-memory-tiers.md``, ``docs/adr/0142-memory-governance.md``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ import os
 import sqlite3
 from collections.abc import Iterable
 
-from kernel.memory import MemoryItem, MemoryKind, Owner, Visibility, tag_token
+from kernel.memory import MemoryItem, MemoryKind, Owner, Scope, Visibility, tag_token
 from kernel.settings import Settings
-from store.memory_base import MemoryBank
+from store.memory_base import MemoryBank, Swept, newest_first
 from store.sqlite import SqliteFile
 
 _SCHEMA = """
@@ -34,6 +36,22 @@ CREATE TABLE IF NOT EXISTS memory_items (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS memory_by_id ON memory_items (tenant, item_id);
 CREATE INDEX IF NOT EXISTS memory_by_time ON memory_items (tenant, written_ms);
+CREATE INDEX IF NOT EXISTS memory_by_expiry ON memory_items (tenant, expires_ms);
+CREATE INDEX IF NOT EXISTS memory_by_owner ON memory_items (tenant, scope, subject);
+CREATE TABLE IF NOT EXISTS memory_concerns (
+    tenant TEXT NOT NULL,
+    user TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, user, item_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS memory_concerns_by_item ON memory_concerns (tenant, item_id);
+CREATE TABLE IF NOT EXISTS memory_sources (
+    tenant TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    item_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, call_id, item_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS memory_sources_by_item ON memory_sources (tenant, item_id);
 CREATE VIRTUAL TABLE IF NOT EXISTS memory_terms USING fts5(
     terms, content='memory_items', content_rowid='rowid', detail=none
 );
@@ -89,12 +107,26 @@ class SqliteMemory(SqliteFile, MemoryBank):
                 conn.execute(
                     "INSERT INTO memory_terms (rowid, terms) VALUES (?, ?)", (cur.lastrowid, terms)
                 )
+                conn.executemany(
+                    "INSERT INTO memory_concerns (tenant, user, item_id) VALUES (?, ?, ?)",
+                    [(item.tenant, user, item.item_id) for user in item.concerns],
+                )
+                conn.executemany(
+                    "INSERT INTO memory_sources (tenant, call_id, item_id) VALUES (?, ?, ?)",
+                    [(item.tenant, call, item.item_id) for call in item.call_ids],
+                )
 
     def _remove(self, conn: sqlite3.Connection, tenant: str, item_id: str) -> bool:
         row = conn.execute(
             "SELECT rowid, terms FROM memory_items WHERE tenant = ? AND item_id = ?",
             (tenant, item_id),
         ).fetchone()
+        conn.execute(
+            "DELETE FROM memory_concerns WHERE tenant = ? AND item_id = ?", (tenant, item_id)
+        )
+        conn.execute(
+            "DELETE FROM memory_sources WHERE tenant = ? AND item_id = ?", (tenant, item_id)
+        )
         if row is None:
             return False
         conn.execute(
@@ -148,6 +180,52 @@ class SqliteMemory(SqliteFile, MemoryBank):
         """See :meth:`MemoryBank.delete`."""
         with self._write(f"deleting memory item {item_id}") as conn:
             return self._remove(conn, tenant, item_id)
+
+    def _select(self, what: str, sql: str, args: tuple[object, ...]) -> list[MemoryItem]:
+        with self._errors(what):
+            rows = self._conn().execute(sql, args).fetchall()
+        return newest_first(MemoryItem.model_validate_json(r[0]) for r in rows)
+
+    def concerning(self, tenant: str, user: str) -> list[MemoryItem]:
+        """See :meth:`MemoryBank.concerning`: by the concerns index, and by the user's own
+        scope (items written before ``concerns`` was recorded)."""
+        return self._select(
+            f"reading the memory of a user of {tenant}",
+            "SELECT data FROM memory_items WHERE tenant = ? AND item_id IN "
+            "(SELECT item_id FROM memory_concerns WHERE tenant = ? AND user = ?) "
+            "UNION SELECT data FROM memory_items WHERE tenant = ? AND scope = ? AND subject = ?",
+            (tenant, tenant, user, tenant, Scope.USER.value, user),
+        )
+
+    def from_source(self, tenant: str, call_id: str) -> list[MemoryItem]:
+        """See :meth:`MemoryBank.from_source`."""
+        return self._select(
+            f"reading the memory call {call_id} wrote",
+            "SELECT data FROM memory_items WHERE tenant = ? AND item_id IN "
+            "(SELECT item_id FROM memory_sources WHERE tenant = ? AND call_id = ?)",
+            (tenant, tenant, call_id),
+        )
+
+    def _delete_all(self, tenant: str, items: list[MemoryItem]) -> list[MemoryItem]:
+        """Every item in one transaction (an erasure is all or nothing here)."""
+        with self._write(f"deleting {len(items)} memory items") as conn:
+            return [i for i in items if self._remove(conn, tenant, i.item_id)]
+
+    def sweep(self, tenant: str, now_ms: int, keep_ms: int | None, limit: int) -> Swept:
+        """See :meth:`MemoryBank.sweep`: the due ids read and deleted in one transaction."""
+        cutoff = -1 if keep_ms is None else now_ms - keep_ms
+        found: dict[str, None] = {}  # each range bounded by its own index and LIMIT
+        with self._write(f"sweeping the memory of {tenant}") as conn:
+            for column, bound in (("expires_ms", now_ms), ("written_ms", cutoff)):
+                rows = conn.execute(
+                    f"SELECT item_id FROM memory_items WHERE tenant = ? AND {column} <= ? LIMIT ?",
+                    (tenant, bound, limit + 1),
+                )
+                found.update((r[0], None) for r in rows)
+            due = list(found)
+            for item_id in due[:limit]:
+                self._remove(conn, tenant, item_id)
+        return Swept(min(len(due), limit), len(due) > limit)
 
     def scan(self, tenant: str) -> list[tuple[str, int, str, str, int | None, str]]:
         """Every row of ``tenant`` as the brute-force peer of the benchmark reads it."""

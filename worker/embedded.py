@@ -80,8 +80,10 @@ class EmbeddedRunner:
         clock: Clock | None = None,
         commit: Commit | None = None,
         max_events: int = 10_000,
+        bind: Callable[[TrajectoryRecord], ToolBackend] | None = None,
     ) -> None:
         self.ctx, self.model, self.backend = ctx, model, backend
+        self.bind = bind  # the backend for one run's calls (the memory tools judge by the run)
         self.clock = clock or Clock()
         self.commit = commit
         self.max_events = max_events
@@ -140,7 +142,8 @@ class EmbeddedRunner:
             return reply.replied(cmd.call_id, self.clock.now())
         if isinstance(cmd, DispatchTool | LookupEffect):
             looked_up = isinstance(cmd, LookupEffect)
-            result, secs = dispatch(self.backend, rec.user, cmd)
+            backend = self.backend if self.bind is None else self.bind(rec)
+            result, secs = dispatch(backend, rec.user, cmd)
             self.clock.advance(secs)
             return ToolResulted(
                 now=self.clock.now(),

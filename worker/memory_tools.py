@@ -1,26 +1,32 @@
-"""Carrying out the memory tools, and writing the episode of a run a turn ended.
+"""Carrying out the memory tools under the agent's memory policy.
 
 The owner of every fact written or recalled comes from the trajectory's record (its tenant,
 user and agent), never from the arguments the model wrote; the arguments were validated by the
-kernel against the tool's schema before the command existed. Writing an episode is best
-effort: a memory store that does not answer costs the episode, never the turn.
+kernel against the tool's schema before the command existed. A ``remember_fact`` is judged
+against the run's record before anything is stored (``kernel.memory_policy``): its provenance
+and trust, the users it concerns, and whether the agent's policy lets that source write that
+scope. A refused write is answered to the model as an error naming why, and stores nothing.
+Recalled facts carry their source and trust, so a later write built on an untrusted one is
+untrusted too. The episode a run's end leaves is written by :mod:`router.fleet.episodes`.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kernel.agent import AgentProfile
-from kernel.errors import ReinsError
-from kernel.memory import MemoryItem, MemoryKind, Scope, Visibility, ms
-from kernel.memory_tools import DAY_MS, MEMORY_TOOL_NAMES, RecallArgs, RememberArgs, episode_of
+from kernel.errors import InvalidInput
+from kernel.memory import MemoryItem, MemoryKind, Provenance, Scope, Source, Trust, Visibility, ms
+from kernel.memory_policy import DEFAULT_POLICY, REMEMBER_TOOL, concerns_of, provenance_of
+from kernel.memory_tools import DAY_MS, MEMORY_TOOL_NAMES, RecallArgs, RememberArgs
 from kernel.record import TrajectoryRecord
 from kernel.tools import ToolBackend
 from store.memory_base import MemoryBank
 
-log = logging.getLogger("reins.worker.memory")
+#: The code of a ``remember_fact`` the memory policy refused (nothing was stored).
+REFUSED = "memory_write_refused"
 
 
 def uses_memory(profile: AgentProfile) -> bool:
@@ -28,10 +34,39 @@ def uses_memory(profile: AgentProfile) -> bool:
     return profile.memory is not None or any(n in profile.catalog for n in MEMORY_TOOL_NAMES)
 
 
+@dataclass(frozen=True)
+class Writing:
+    """What one ``remember_fact`` is judged by: the record of the run proposing it (None: not
+    known here, so the write is untrusted and concerns the calling user alone), the agent's
+    profile, and whether a reviewer approved exactly this call."""
+
+    record: TrajectoryRecord | None
+    profile: AgentProfile | None
+    approved: bool = False
+
+    def provenance(self, cited: str | None) -> Provenance:
+        """The fact's provenance (:class:`InvalidInput` naming ``source`` for a bad citation)."""
+        if self.record is None or self.profile is None:
+            return Provenance(source=Source.MODEL, trust=Trust.UNTRUSTED)
+        return provenance_of(self.record, self.profile.catalog, cited=cited, approved=self.approved)
+
+    def concerns(self, user: str) -> tuple[str, ...]:
+        """The users the fact concerns (``user`` at least)."""
+        if self.record is None or self.profile is None:
+            return (user,)
+        return concerns_of(self.record, self.profile.catalog)
+
+    def refusal(self, scope: Scope, provenance: Provenance) -> str | None:
+        """Why the agent's policy refuses the write; None when it may be stored."""
+        policy = (self.profile.memory if self.profile else None) or DEFAULT_POLICY
+        return policy.refusal(scope, provenance)
+
+
 class MemoryBackend:
     """An agent's tool backend with the memory tools of one trajectory's owners in front:
     ``remember_fact`` and ``recall_facts`` go to ``bank`` under ``tenant``, the calling user and
-    ``agent``; every other call and lookup goes to ``inner`` as it was."""
+    ``agent``; every other call and lookup goes to ``inner`` as it was. ``record`` is the run
+    whose calls it carries out (:meth:`bound` gives one for another), ``profile`` its agent's."""
 
     def __init__(
         self,
@@ -41,10 +76,27 @@ class MemoryBackend:
         agent: str,
         clock: Callable[[], float],
         on_recall: Callable[[str, bool], None] | None = None,
+        *,
+        record: TrajectoryRecord | None = None,
+        profile: AgentProfile | None = None,
     ) -> None:
         self.inner, self.bank, self.clock = inner, bank, clock
         self.tenant, self.agent = tenant, agent
         self.on_recall = on_recall  # told (tenant, hit) after each recall
+        self.record, self.profile = record, profile
+
+    def bound(self, rec: TrajectoryRecord) -> MemoryBackend:
+        """The same backend, carrying out the calls of the run ``rec``."""
+        return MemoryBackend(
+            self.inner,
+            self.bank,
+            self.tenant,
+            self.agent,
+            self.clock,
+            self.on_recall,
+            record=rec,
+            profile=self.profile,
+        )
 
     def call(
         self,
@@ -61,7 +113,8 @@ class MemoryBackend:
         if tool not in MEMORY_TOOL_NAMES:
             return self.inner.call(user, tool, args, key, timeout_s, approval, fence=fence)
         owners = Visibility(self.tenant, user, self.agent)
-        result, secs = call(self.bank, owners, tool, args, self.clock())
+        writing = Writing(self.record, self.profile, approved=approval is not None)
+        result, secs = call(self.bank, owners, tool, args, self.clock(), writing)
         if self.on_recall is not None and result.get("code") == "recalled":
             self.on_recall(self.tenant, bool(result["facts"]))
         return result, secs
@@ -72,38 +125,64 @@ class MemoryBackend:
 
 
 def call(
-    bank: MemoryBank, owners: Visibility, tool: str, raw: dict[str, Any], now_s: float
+    bank: MemoryBank,
+    owners: Visibility,
+    tool: str,
+    raw: dict[str, Any],
+    now_s: float,
+    writing: Writing | None = None,
 ) -> tuple[dict[str, Any], float]:
-    """Carry out ``remember_fact`` or ``recall_facts`` for the caller ``owners``."""
+    """Carry out ``remember_fact`` (judged by ``writing``) or ``recall_facts`` for the caller
+    ``owners``."""
     now = ms(now_s)
-    if tool == "remember_fact":
-        args = RememberArgs.model_validate(raw)
-        owner = owners.owner(Scope(args.scope))
-        bank.put(
-            MemoryItem(
-                kind=MemoryKind.FACT,
-                tenant=owner.tenant,
-                scope=owner.scope,
-                subject=owner.subject,
-                key=args.key,
-                value={"text": args.value},
-                tags=args.tags,
-                written_ms=now,
-                expires_ms=now + args.ttl_days * DAY_MS,
-            )
-        )
-        return {"status": "ok", "code": "remembered", "key": args.key}, 0.0
+    if tool == REMEMBER_TOOL:
+        return remember(bank, owners, RememberArgs.model_validate(raw), now, writing)
     wanted = RecallArgs.model_validate(raw)
     found = bank.recall(owners, MemoryKind.FACT, wanted.tags, now, wanted.limit)
-    facts = [{"key": i.key, "value": i.value.get("text"), "scope": i.scope.value} for i in found]
+    facts = [
+        {
+            "key": i.key,
+            "value": i.value.get("text"),
+            "scope": i.scope.value,
+            # Remembered context, labelled: a fact that says "approve refunds" is a string from
+            # this source, never a rule (seed 000); a write built on it inherits its trust.
+            "source": (i.provenance.source if i.provenance else Source.MODEL).value,
+            "trust": (i.provenance.trust if i.provenance else Trust.UNTRUSTED).value,
+        }
+        for i in found
+    ]
     return {"status": "ok", "code": "recalled", "facts": facts}, 0.0
 
 
-def write_episode(bank: MemoryBank, rec: TrajectoryRecord, now_s: float, per_user: bool) -> bool:
-    """Write the episode of the ended run ``rec``; False (logged) if the store refused."""
+def remember(
+    bank: MemoryBank, owners: Visibility, args: RememberArgs, now: int, writing: Writing | None
+) -> tuple[dict[str, Any], float]:
+    """Store one fact if the policy lets its source write its scope; else answer why not."""
+    writing = writing or Writing(None, None)
+    owner = owners.owner(Scope(args.scope))
     try:
-        bank.put(episode_of(rec, ms(now_s), per_user))
-    except ReinsError as exc:
-        log.warning("%s: episode not written: %s", rec.trajectory_id, exc)
-        return False
-    return True
+        provenance = writing.provenance(args.source)
+        concerns = writing.concerns(owners.user)
+    except InvalidInput as exc:
+        return {"status": "error", "code": REFUSED, "key": args.key, "reason": str(exc)}, 0.0
+    why = writing.refusal(owner.scope, provenance)
+    if why is not None:
+        return {"status": "error", "code": REFUSED, "key": args.key, "reason": why}, 0.0
+    bank.put(
+        MemoryItem(
+            kind=MemoryKind.FACT,
+            tenant=owner.tenant,
+            scope=owner.scope,
+            subject=owner.subject,
+            key=args.key,
+            value={"text": args.value},
+            tags=args.tags,
+            written_ms=now,
+            expires_ms=now + args.ttl_days * DAY_MS,
+            concerns=concerns,
+            trajectory_id=writing.record.trajectory_id if writing.record else None,
+            provenance=provenance,
+        )
+    )
+    answer = {"status": "ok", "code": "remembered", "key": args.key}
+    return {**answer, "source": provenance.source.value, "trust": provenance.trust.value}, 0.0

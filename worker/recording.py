@@ -11,7 +11,7 @@ the outcome. No model and no tool is called during a replay.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -196,20 +196,33 @@ class RecordingRunner:
     """An embedded runner that records what the world answered, for replay."""
 
     def __init__(
-        self, ctx: KernelContext, model: Model, backend: ToolBackend, commit: Commit | None = None
+        self,
+        ctx: KernelContext,
+        model: Model,
+        backend: ToolBackend,
+        commit: Commit | None = None,
+        bind: Callable[[TrajectoryRecord], ToolBackend] | None = None,
     ) -> None:
         self.recording: Recording | None = None
         self._ctx, self._model, self._backend, self._commit = ctx, model, backend, commit
+        self._bind = bind  # as the embedded runner's: the backend for one run's calls
         self.runner: EmbeddedRunner | None = None
 
     def start(self, rec: TrajectoryRecord) -> RunResult:
         """Record from the initial record on."""
-        self.recording = Recording(initial=rec.to_json().decode())
+        recording = self.recording = Recording(initial=rec.to_json().decode())
+        bind, bound = self._bind, None
+        if bind is not None:
+
+            def bound(run: TrajectoryRecord) -> ToolBackend:
+                return RecordingBackend(bind(run), recording)
+
         self.runner = EmbeddedRunner(
             self._ctx,
-            RecordingModel(self._model, self.recording),
-            RecordingBackend(self._backend, self.recording),
+            RecordingModel(self._model, recording),
+            RecordingBackend(self._backend, recording),
             commit=self._commit,
+            bind=bound,
         )
         out = self.runner.run(rec)
         self.recording.final = out.record.to_json().decode()

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect, ToolResulted
 from kernel.record import TrajectoryRecord
 from kernel.tools import OnUnknown, ToolKind
+from router.fleet.episodes import write_episode
 from router.wire.feed import CancelListener
-from worker import memory_tools
 from worker.backend import dispatch
 from worker.fleet_agents import TurnTools
 from worker.memory_tools import MemoryBackend
@@ -113,10 +113,8 @@ class CommandCarrier:
 
     def remember_episode(self, rec: TrajectoryRecord) -> None:
         """Write the episode of ``rec``, which a turn ended, if its agent keeps episodes."""
-        memory = self.tools.memory
-        policy = self.tools.profile(rec.agent).memory
-        if memory is not None and policy is not None and policy.episodes:
-            memory_tools.write_episode(memory, rec, self.clock(), policy.episodes_per_user)
+        if self.tools.memory is not None:
+            write_episode(self.tools.memory, rec, self.tools.profile(rec.agent), self.clock())
 
     def call_tool(self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect) -> ToolResulted:
         """One tool call (or effect lookup) through the agent's backend; a backend that raises
@@ -124,7 +122,14 @@ class CommandCarrier:
         backend = self.tools.backend(rec.agent)
         if self.tools.memory is not None:
             backend = MemoryBackend(
-                backend, self.tools.memory, rec.tenant, rec.agent, self.clock, self.on_recall
+                backend,
+                self.tools.memory,
+                rec.tenant,
+                rec.agent,
+                self.clock,
+                self.on_recall,
+                record=rec,
+                profile=self.tools.profile(rec.agent),
             )
         looked_up = isinstance(cmd, LookupEffect)
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:

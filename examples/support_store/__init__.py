@@ -59,7 +59,12 @@ def _refund_changes(args: Mapping[str, Any], facts: Mapping[str, Any]) -> list[C
     return out
 
 
-@tool(OrderArgs, facts=("order_status", "total_cents", "refunded_cents"), fact_key="order_id")
+@tool(
+    OrderArgs,
+    facts=("order_status", "total_cents", "refunded_cents"),
+    fact_key="order_id",
+    trusted_output=True,  # the store's own record, not anyone's words: memory may build on it
+)
 def get_order(order_id: str) -> None:
     """Read an order's status, total and refunded amount."""
 

@@ -75,6 +75,7 @@ class RememberingPolicy(RefundPolicy):
             return {**reply, "args": args}, latency
         if self.preference and last.get("code") != "remembered":
             args = {"key": PREFERENCE, "value": self.preference, "tags": [PREFERENCE]}
+            args["source"] = "goal"  # the customer said it: the fact's provenance names it
             return {"type": "tool", "name": "remember_fact", "args": args}, latency
         recall = {"tags": [PREFERENCE]}
         return {"type": "tool", "name": "recall_facts", "args": recall}, latency

@@ -17,9 +17,12 @@ from kernel.settings import Settings
 from kernel.tools import ToolBackend
 from ops.cli.report import summary, table
 from router.fleet.agents import load_agent
+from router.fleet.episodes import write_episode
+from router.fleet.memory_config import DAY_MS
+from router.process.memory_sweep import sweep_once
 from store.memory_sqlite import SqliteMemory
 from store.sqlite import SqliteStore
-from worker.memory_tools import MemoryBackend, uses_memory, write_episode
+from worker.memory_tools import MemoryBackend, uses_memory
 from worker.providers import make_model, with_model
 from worker.recording import RecordingRunner
 from worker.resume import store_commit
@@ -73,10 +76,11 @@ def run_cmd(
     )
     backend = agent.make_backend()
     tools: ToolBackend = backend
-    memory = None
+    memory, bind = None, None
     if uses_memory(agent.profile):  # facts and episodes outlive the run, in the SQLite file
         memory = SqliteMemory.from_settings(Settings.from_env(os.environ))
-        tools = MemoryBackend(backend, memory, tenant, agent_ref, time.time)
+        tools = MemoryBackend(backend, memory, tenant, agent_ref, time.time, profile=agent.profile)
+        bind = tools.bound  # each write judged by the run's record (kernel.memory_policy)
     profile = with_model(
         agent.profile,
         provider=provider,
@@ -90,12 +94,12 @@ def run_cmd(
         store = SqliteStore.from_settings(Settings.from_env(os.environ))
         store.create(rec)
         commit = store_commit(store)
-    recorder = RecordingRunner(KernelContext(profile), model, tools, commit=commit)
+    recorder = RecordingRunner(KernelContext(profile), model, tools, commit=commit, bind=bind)
     out = recorder.start(rec)
     if memory is not None:
-        policy = profile.memory
-        if out.record.stop_reason is not None and policy is not None and policy.episodes:
-            write_episode(memory, out.record, time.time(), policy.episodes_per_user)
+        write_episode(memory, out.record, profile, time.time())
+        days = Settings.from_env(os.environ).memory_retention_days
+        sweep_once(memory, tenant, int(days * DAY_MS), time.time())  # expiry deletes here too
         memory.close()
     if record is not None and recorder.recording is not None:
         recorder.recording.save(record)

@@ -25,6 +25,7 @@ import redis
 from kernel.errors import ConfigError
 from router.admission.gates import GateConfig
 from router.admission.tenants import AdmissionConfig, read_document
+from router.fleet.memory_config import NO_MEMORY_SECTION, MemoryConfig, memory_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class FleetConfig:
     version: int
     admission: AdmissionConfig
     gates: GateConfig | None
+    memory: MemoryConfig = NO_MEMORY_SECTION  # the document's [memory] section
 
     def allows(self, tenant: str, agent: str) -> bool:
         """True when ``tenant`` is configured and lists ``agent`` among those it may run."""
@@ -75,6 +77,7 @@ def parse_document(data: Mapping[str, Any]) -> tuple[AdmissionConfig, GateConfig
     """
     body = dict(data)
     gates_raw = body.pop("gates", None)
+    memory_of(body.pop("memory", None), data)  # validated here, read by load()
     admission = AdmissionConfig.from_mapping(body)
     unlisted = [t.name for t in admission.tenants if t.agents is None]
     if unlisted:
@@ -124,7 +127,7 @@ def load(client: redis.Redis, prefix: str) -> FleetConfig | None:
         return None
     data = json.loads(raw[1], parse_float=Decimal)
     admission, gates = parse_document(data)
-    return FleetConfig(int(raw[0]), admission, gates)
+    return FleetConfig(int(raw[0]), admission, gates, memory_of(data.get("memory"), data))
 
 
 def stored_version(client: redis.Redis, prefix: str) -> int:

@@ -37,6 +37,7 @@ from router.wire.broker import make_app
 from router.wire.custody import Custody
 from router.wire.feed import Feed
 from router.wire.publishers import Publisher, publisher_for
+from store.memory_redis import RedisMemory
 from store.redis_client import client_for
 from store.redis_store import RedisStore
 
@@ -180,6 +181,11 @@ class Admission:
             gate_config=self.gate_config,
             observer=self.observer,
             follow_on_turns=self.settings.follow_on_turns,
+            memory=RedisMemory(  # the runs it ends at admission leave their episodes
+                self.client,
+                prefix=self.settings.key_prefix,
+                retry_attempts=self.settings.redis_retry_attempts,
+            ),
         )
 
 

@@ -37,12 +37,14 @@ from router.admission.gates import GateConfig, ProviderGates
 from router.admission.queue import FinalizeNow
 from router.fleet.agents import AgentCache
 from router.fleet.commits import commit
+from router.fleet.episodes import Episodes
 from router.fleet.observe import AdmissionObserver, provider_of
 from router.placement.ring import Ring
 from router.wire.feed import Feed, admission_entry
 from router.wire.notices import Notice, NoticeKind
 from router.wire.turns import TurnMessage, worker_commands
 from store.base import TrajectoryStore
+from store.memory_base import MemoryBank
 
 log = logging.getLogger("reins.router.dispatch")
 
@@ -97,6 +99,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         observer: AdmissionObserver | None = None,
         follow_on_turns: int = 0,
+        memory: MemoryBank | None = None,
     ) -> None:
         self.name, self.store, self.admitter, self.feed = name, store, admitter, feed
         # Only a worker admitting through the same shared admitter may admit follow-on turns.
@@ -105,6 +108,7 @@ class Dispatcher:
         self.agents, self.ring, self.sender = agents, ring, sender
         self.gates, self.gate_config = gates, gate_config
         self.clock = clock
+        self.episodes = Episodes(memory, clock)  # of the runs it ends (router-decided stops)
         self.figures = Figures()
         self._unsent: list[tuple[str, TurnMessage, int]] = []  # lapsed claims awaiting a debit
 
@@ -191,9 +195,10 @@ class Dispatcher:
                 return
             try:
                 commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
-                return
             except ConcurrentModification:
                 continue
+            self.episodes.after(result, ctx.agent)
+            return
 
     def route_for(self, route: str) -> str | None:
         """The gate route of a call through ``route``, or None when no gate governs it."""
@@ -278,6 +283,7 @@ class Dispatcher:
             return None
         commands = worker_commands(result.commands)
         if not commands:  # the kernel ended the run, or carried out a hold, at admission
+            self.episodes.after(result, ctx.agent)
             self._withdraw(claim)
             return None
         msg = TurnMessage.of(

@@ -43,6 +43,7 @@ from router.process.chores import (
 from router.process.dispatch import Sender
 from router.process.heap import return_large_blocks
 from router.process.in_flight_sweep import InFlightSweep
+from router.process.memory_sweep import MemorySweep, memory_keep_ms
 from router.process.owed import OwedRuns
 from router.process.reconcile import Reconciler
 from router.process.retention import RetentionSweep, retention_s
@@ -113,6 +114,20 @@ class RouterService:
         self.relay = HandBackRelay(self.feed, self.replica, self.outbox, options.batch)
         self.in_flight = InFlightSweep(
             self.shared_admitter, self.store, every_s=settings.heartbeat_timeout_s
+        )
+        self.memory = RedisMemory(
+            self.client, prefix=settings.key_prefix, retry_attempts=settings.redis_retry_attempts
+        )
+        documented = (
+            None
+            if options.tenants_file
+            else ConfigSource(self.client, settings.key_prefix, refresh_s=MemorySweep.every_s)
+        )
+        self.memory_sweep = MemorySweep(
+            self.memory,
+            tenants=lambda: self.swept,
+            keep_ms=partial(memory_keep_ms, documented, settings.memory_retention_days),
+            clock=time.time,
         )
         self.swept: tuple[str, ...] = ()
         self._sweeps(tuple(t.name for t in self.config.tenants))
@@ -189,7 +204,7 @@ class RouterService:
             sender=self.outbox.now,
             ring=lambda: self.replica.ring,
             observer=self.observer,
-            memory=RedisMemory(self.client, prefix=self.settings.key_prefix),
+            memory=self.memory,
         )
 
     # --- the tick ------------------------------------------------------------------------------
@@ -212,6 +227,7 @@ class RouterService:
             self.ready_sweep.sweep()
         self.ticker.tick()  # time for waiting trajectories (every TICK_EVERY_S)
         self.retention.sweep()  # finished trajectories past their retention, a page
+        self.memory_sweep.sweep()  # memory past its expiry or retention, a bounded page
         if self.shared:
             reconcile_claims(self.shared_admitter(), self.store)
             self.in_flight.sweep()  # turns in flight whose trajectory acts no more (ADR 0123)

@@ -51,6 +51,7 @@ from router.admission.queue import AdmissionQueue
 from router.admission.tenants import AdmissionConfig
 from router.fleet.agents import AgentCache
 from router.fleet.commits import advance
+from router.fleet.episodes import Episodes
 from router.fleet.observe import CommitObserver
 from router.placement.ring import Ring
 from router.process.dispatch import Sender, placement_key
@@ -115,6 +116,7 @@ class RouterApi:
     ) -> None:
         self.store, self.feed, self.config = store, feed, config
         self.memory = memory  # where earlier runs' episodes are recalled from (None: nowhere)
+        self.episodes = Episodes(memory, clock)  # and where the runs it ends leave theirs
         self.observer = observer or CommitObserver()
         self.agents = agents or AgentCache()
         self.gate_config, self.admitter = gate_config, admitter
@@ -343,6 +345,7 @@ class RouterApi:
 
     def _carry_out(self, result: StepResult) -> None:
         rec, now = result.record, self.clock()
+        self.episodes.after_loading(result, self.agents)  # a cancel, kill, tick or recovery
         if rec.state not in ACTING and self.admitter is not None:
             # A cancel, kill or recovery ended the turn: it counts against its tenant's
             # max_in_flight no more (before a requeue below can admit it again; ADR 0123).

@@ -10,23 +10,36 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from kernel.memory import MemoryItem, MemoryKind, Scope, ms
+from kernel.memory import MemoryItem, MemoryKind, Provenance, Scope, Source, Trust, ms
 from store.memory_redis import RedisMemory
 from tests.api.conftest import Keys, without_error_id
 
 pytestmark = pytest.mark.redis
 
 
-def _item(tenant: str, key: str, kind: MemoryKind = MemoryKind.FACT, user: str = "cu_1"):  # type: ignore[no-untyped-def]
+def _item(  # type: ignore[no-untyped-def]
+    tenant: str,
+    key: str,
+    kind: MemoryKind = MemoryKind.FACT,
+    user: str = "cu_1",
+    scope: Scope = Scope.USER,
+    trajectory: str | None = None,
+    calls: tuple[str, ...] = (),
+):
     return MemoryItem(
         kind=kind,
         tenant=tenant,
-        scope=Scope.USER,
-        subject=user,
+        scope=scope,
+        subject=user if scope is Scope.USER else "",
         key=key,
         value={"text": f"{tenant} {key}"},
         tags=["delivery", "preference", key],
         written_ms=ms(time.time()),
+        concerns=[user],
+        trajectory_id=trajectory,
+        provenance=Provenance(source=Source.TOOL_RESULT, trust=Trust.UNTRUSTED, call_ids=calls)
+        if calls
+        else None,
     )
 
 
@@ -60,7 +73,10 @@ def test_another_tenant_never_sees_ranks_or_deletes_a_tenants_memory(
         assert found.status_code == 200, found.text
         assert all(i["key"] == "own" for i in found.json()["items"])
     erased = http.delete("/v1/memory/users/cu_1", headers=globex).json()
-    assert erased == {"user": "cu_1", "deleted": 1}  # its own item, none of acme's
+    assert (erased["deleted"], [i["key"] for i in erased["items"]]) == (1, ["own"])  # not acme's
+    # an export of acme's user with globex's key: globex's own (now none), never acme's
+    exported = http.get("/v1/memory/users/cu_1/export", headers=globex).json()
+    assert exported == {"user": "cu_1", "facts": [], "episodes": [], "trajectories": []}
     # acme's memory is as it was, and acme sees, ranks and deletes it
     assert memory.get("acme", fact.item_id) == fact
     ranked = http.get("/v1/memory/recall", params=probe, headers=acme).json()["items"]
@@ -71,16 +87,47 @@ def test_another_tenant_never_sees_ranks_or_deletes_a_tenants_memory(
     assert gone.status_code == 204 and memory.get("acme", fact.item_id) is None
 
 
-def test_erasure_deletes_only_that_users_items(
+def test_erasure_deletes_every_item_that_concerns_the_user_and_says_which(
     http: TestClient, keys: Keys, memory: RedisMemory
 ) -> None:
-    memory.put(_item("acme", "a", user="cu_1"))
-    memory.put(_item("acme", "b", MemoryKind.EPISODE, user="cu_1"))
+    memory.put(_item("acme", "a", user="cu_1", trajectory="t-1"))
+    memory.put(_item("acme", "b", MemoryKind.EPISODE, user="cu_1", trajectory="t-2"))
+    memory.put(_item("acme", "d", user="cu_1", scope=Scope.TENANT, trajectory="t-1"))
     memory.put(_item("acme", "c", user="cu_2"))
-    reply = http.delete("/v1/memory/users/cu_1", headers=keys.auth(keys.acme))
-    assert reply.json() == {"user": "cu_1", "deleted": 2}
-    left = http.get("/v1/memory", headers=keys.auth(keys.acme)).json()["items"]
+    acme = keys.auth(keys.acme)
+    exported = http.get("/v1/memory/users/cu_1/export", headers=acme).json()
+    assert sorted(i["key"] for i in exported["facts"]) == ["a", "d"]
+    assert [i["key"] for i in exported["episodes"]] == ["b"]
+    assert exported["trajectories"] == ["t-1", "t-2"]
+    listed = http.get("/v1/memory", params={"user": "cu_1"}, headers=acme).json()["items"]
+    assert sorted(i["key"] for i in listed) == ["a", "b", "d"]
+    reply = http.delete("/v1/memory/users/cu_1", headers=acme).json()
+    assert reply["deleted"] == 3
+    assert sorted(i["key"] for i in reply["items"]) == ["a", "b", "d"]
+    left = http.get("/v1/memory", headers=acme).json()["items"]
     assert [i["key"] for i in left] == ["c"]
+    nobody = http.get("/v1/memory/users/cu_nobody/export", headers=acme).json()
+    assert nobody == {"user": "cu_nobody", "facts": [], "episodes": [], "trajectories": []}
+    assert http.delete("/v1/memory/users/cu_nobody", headers=acme).json()["deleted"] == 0
+
+
+def test_removal_by_source_deletes_what_one_call_shaped_in_the_callers_tenant_only(
+    http: TestClient, keys: Keys, memory: RedisMemory
+) -> None:
+    memory.put(_item("acme", "poison", scope=Scope.TENANT, calls=("t-1/c2",)))
+    memory.put(_item("acme", "kept", calls=("t-1/c3",)))
+    memory.put(_item("globex", "theirs", calls=("t-1/c2",)))
+    reader = keys.auth(keys.acme_read_only)
+    refused = http.delete("/v1/memory/sources/t-1/c2", headers=reader)
+    assert refused.status_code == 403
+    other = http.delete("/v1/memory/sources/t-9/c1", headers=keys.auth(keys.acme)).json()
+    assert other == {"call_id": "t-9/c1", "deleted": 0, "items": []}
+    gone = http.delete("/v1/memory/sources/t-1/c2", headers=keys.auth(keys.acme))
+    assert gone.status_code == 200, gone.text
+    assert [i["key"] for i in gone.json()["items"]] == ["poison"]
+    left = http.get("/v1/memory", headers=keys.auth(keys.acme)).json()["items"]
+    assert [i["key"] for i in left] == ["kept"]
+    assert [i.key for i in memory.items("globex")] == ["theirs"]
 
 
 def test_bad_or_unscoped_requests_are_refused_and_change_nothing(
@@ -119,10 +166,12 @@ def test_the_cli_lists_and_deletes_memory_through_the_api_process(
     assert theirs.returncode == 2 and "404" in theirs.stderr
     both = reins(api_url, keys.acme, "memory", "rm", fact.item_id, "--user", "cu_1")
     assert both.returncode == 2 and "not both" in both.stderr
+    exported = json.loads(reins(api_url, keys.acme, "memory", "export", "--user", "cu_1").stdout)
+    assert [i["key"] for i in exported["facts"]] == ["contact"]
     done = reins(api_url, keys.acme, "memory", "rm", fact.item_id)
     assert done.returncode == 0, done.stderr
     erased = json.loads(
         reins(api_url, keys.acme, "memory", "rm", "--user", "cu_2", "--json").stdout
     )
-    assert erased == {"user": "cu_2", "deleted": 1}
+    assert (erased["user"], erased["deleted"]) == ("cu_2", 1)
     assert memory.items("acme") == []

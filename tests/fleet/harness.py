@@ -8,6 +8,7 @@ against the real Redis (store, admitter, feed) with nothing asynchronous left to
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from router.placement.membership import Membership
 from router.process.service import AdmitterKind, RouterOptions, RouterService
 from router.wire.custody import Custody
 from router.wire.turns import TurnMessage
+from store.memory_base import MemoryBank
 from tests.conftest import REDIS_URL
 from worker.fleet_agents import ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
@@ -95,6 +97,8 @@ class InProcessFleet:
         observer: _Observer | None = None,
         follow_on_turns: int | None = None,
         leases: LeaseKeeper | None = None,
+        backend: Callable[[RedisState], ToolBackend] = SupportStoreBackend,
+        memory: MemoryBank | None = None,
     ) -> None:
         self.client, self.prefix = client, prefix
         env = {
@@ -125,8 +129,10 @@ class InProcessFleet:
         self.feed = self.service.feed
         self.api = self.service.api()
         self.state = RedisState(client, prefix, seed=False)
-        self.backend = SupportStoreBackend(self.state)
-        tools = TurnTools(AgentCache(), {}, ModelOverrides(scripted_latency_s=0.0), self._backend)
+        self.backend = backend(self.state)
+        tools = TurnTools(
+            AgentCache(), {}, ModelOverrides(scripted_latency_s=0.0), self._backend, memory
+        )
         self.draining = False
         self.custody = Custody(client, prefix)
         self.follow_on = None

@@ -7,16 +7,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from examples.support_store.backend import SupportStoreBackend
+from examples.support_store.remembering import agent
 from kernel.budget import Budget
+from kernel.context import StepResult
 from kernel.errors import StoreUnavailable
-from kernel.events import DispatchTool
+from kernel.events import DispatchTool, Finish
 from kernel.memory import MemoryItem, MemoryKind, Visibility
 from kernel.record import TrajectoryRecord
-from kernel.states import StopReason
+from kernel.states import LifecycleState, StopReason
 from router.fleet.agents import AgentCache
+from router.fleet.episodes import Episodes, write_episode
 from store.memory_base import DictMemory
 from worker.fleet_agents import TurnTools
-from worker.memory_tools import write_episode
 from worker.providers.base import InFlightCalls
 from worker.turn_commands import CommandCarrier
 
@@ -82,9 +84,9 @@ def test_a_memory_store_that_does_not_answer_gives_unknown_or_error_not_a_crash(
 def test_an_episode_the_store_refuses_is_dropped_and_reported() -> None:
     ended = record()
     ended.stop_reason = StopReason.DONE
-    assert write_episode(Unanswering(), ended, 1_800_000_000.0, per_user=True) is False
+    assert write_episode(Unanswering(), ended, agent.profile, 1_800_000_000.0) is False
     bank = DictMemory()
-    assert write_episode(bank, ended, 1_800_000_000.0, per_user=True) is True
+    assert write_episode(bank, ended, agent.profile, 1_800_000_000.0) is True
     [episode] = bank.items("acme", MemoryKind.EPISODE)
     assert (episode.subject, episode.value["outcome"]) == ("cu_ana", "done")
 
@@ -107,3 +109,21 @@ def test_each_recall_reports_a_hit_or_a_miss_for_the_tenant() -> None:
     carrier.call_tool(rec, command("remember_fact", {"key": "k", "value": "ar", "tags": ["lang"]}))
     carrier.call_tool(rec, command("recall_facts", {"tags": ["lang"]}))
     assert seen == [("acme", False), ("acme", True)]
+
+
+def test_an_ending_whose_agent_cannot_be_loaded_costs_the_episode_not_the_commit() -> None:
+    ended = record()
+    ended.stop_reason = StopReason.CANCELED
+    ended.closing_message = "The request was canceled."
+    result = StepResult(
+        ended,
+        [Finish(state=LifecycleState.CANCELED, stop=StopReason.CANCELED, message="canceled")],
+    )
+    bank = DictMemory()
+    episodes = Episodes(bank, lambda: 1_800_000_000.0)
+    assert episodes.after_loading(result, AgentCache(allowed=lambda ref: False)) is False
+    assert bank.items("acme") == []
+    assert episodes.after_loading(result, AgentCache()) is True
+    assert episodes.after_loading(StepResult(ended, []), AgentCache()) is False  # not an end
+    [episode] = bank.items("acme", MemoryKind.EPISODE)
+    assert episode.value["lesson"] == "The request was canceled."
