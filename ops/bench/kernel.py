@@ -11,8 +11,6 @@ import importlib.metadata as md
 import time
 from typing import Any, TypedDict
 
-from store.in_process import InProcessStore
-
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import PLAN, RefundPolicy
@@ -20,6 +18,7 @@ from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
+from store.in_process import InProcessStore
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel
 

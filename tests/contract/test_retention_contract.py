@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from store.in_process import InProcessStore
 
 from kernel.errors import ConcurrentModification, SnapshotNotFound
 from kernel.record import OpStatus, TrajectoryRecord
 from kernel.states import LifecycleState
 from router.process.retention import DAY_S, RetentionSweep
 from store.base import Retirement, TrajectoryStore
+from store.in_process import InProcessStore
 from store.redis_client import client_from_url
 from store.redis_store import RedisStore
 from store.sqlite import SqliteStore

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from store.in_process import InProcessStore
 
 from kernel.errors import (
     ConcurrentModification,
@@ -31,6 +30,7 @@ from kernel.errors import (
 from kernel.record import OpStatus
 from kernel.states import LifecycleState
 from store.base import TrajectoryStore, prepare_commit
+from store.in_process import InProcessStore
 from store.redis_client import client_from_url
 from store.redis_keys import COMMITS_KEPT
 from store.redis_store import RedisStore

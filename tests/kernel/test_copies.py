@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from decimal import Decimal
 
-from store.in_process import InProcessStore
-
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.policies import RefundPolicy
@@ -22,6 +20,7 @@ from kernel.context import KernelContext, StepResult
 from kernel.events import Admit, CallModel, DispatchTool, Event, ReplyStatus, ToolProgress
 from kernel.record import ControlKind, OpStatus, StepStatus, TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
+from store.in_process import InProcessStore
 from tests.kernel.driver import PLAN, READ, Driver
 from tests.kernel.harness import new_record
 from worker.embedded import EmbeddedRunner

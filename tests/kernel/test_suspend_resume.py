@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from store.in_process import InProcessStore
 
 from examples.support_store import make_agent
 from examples.support_store.backend import SupportStoreBackend
@@ -17,6 +16,7 @@ from kernel.errors import ConcurrentModification
 from kernel.record import TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
 from store.base import TrajectoryStore
+from store.in_process import InProcessStore
 from store.sqlite import SqliteStore
 from tests.kernel.harness import new_record
 from worker.embedded import EmbeddedRunner
