@@ -24,7 +24,7 @@ from kernel.events import ReplyStatus
 from kernel.states import LifecycleState, StopReason
 from tests.kernel.harness import new_record
 from tests.providers.conftest import Serve
-from tests.providers.fake_openai import Reply
+from tests.providers.fake_replies import Reply
 from tests.providers.scripts import KernelTurns, view_of
 from worker.embedded import EmbeddedRunner
 from worker.providers import OpenAICompatible
