@@ -106,6 +106,10 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
     else:
         op.status = OpStatus.UNKNOWN  # no usage evidence: the reservation stays
     detail: dict[str, Any] = {"proposal": ev.content, "timed_out": ev.timed_out}
+    if usage is not None and usage.cached_input:
+        detail["cached_in"] = usage.cached_input  # charged at the cached price
+    if usage is not None and usage.cache_write_input:
+        detail["cache_write_in"] = usage.cache_write_input
     if over is not NOTHING:
         detail["overrun"] = over.model_dump(mode="json")
     pad = draft.rec.scratchpad
@@ -115,7 +119,7 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
         RowKind.MODEL,
         call_id=ev.call_id,
         outcome=ev.status.value,
-        tokens_in=(usage.uncached_input + usage.cached_input) if usage else 0,
+        tokens_in=usage.input if usage else 0,
         tokens_out=usage.output if usage else 0,
         duration_s=ev.latency_s,
         detail=detail,
