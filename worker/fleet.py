@@ -51,6 +51,7 @@ from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InFlightCalls
+from worker.providers.http import PoolOptions
 from worker.tool_gates import ToolGates, gated_route, lease_ttl_s
 from worker.turn import TurnObserver, TurnRunner
 
@@ -115,6 +116,7 @@ class FleetWorker:
             options.overrides,
             factory,
             RedisMemory(self.client, prefix=settings.key_prefix),
+            pool_options=PoolOptions.from_settings(settings),
         )
         # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
         gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)

@@ -21,6 +21,7 @@ from router.fleet.agents import AgentCache
 from store.memory_base import MemoryBank
 from worker.models import Model, ModelReply, ScriptedModel
 from worker.providers import make_model, with_model
+from worker.providers.http import PoolOptions
 
 #: Builds the tool backend a worker uses for one agent: (agent, its reference) -> backend.
 BackendFactory = Callable[[AgentModule, str], ToolBackend]
@@ -91,6 +92,7 @@ class TurnTools:
     overrides: ModelOverrides = field(default_factory=ModelOverrides)
     backend_factory: BackendFactory | None = None
     memory: MemoryBank | None = None  # where the memory tools and episodes go (None: nowhere)
+    pool_options: PoolOptions = field(default_factory=PoolOptions)  # each route's connections
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _backends: dict[str, ToolBackend] = field(default_factory=dict)
     _providers: dict[str, Model] = field(default_factory=dict)
@@ -152,6 +154,11 @@ class TurnTools:
             with self._lock:
                 found = self._providers.get(ref)
                 if found is None:
-                    found = make_model(profile, agent.make_policy(goal), self.env)
+                    found = make_model(
+                        profile,
+                        agent.make_policy(goal),
+                        self.env,
+                        pool_options=self.pool_options,
+                    )
                     self._providers[ref] = found
         return found

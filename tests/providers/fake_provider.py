@@ -18,6 +18,7 @@ import json
 import select
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -128,7 +129,8 @@ class _Server(ThreadingHTTPServer):
     errors: list[BaseException]
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        self.errors.append(RuntimeError(f"handler failed for {client_address}"))
+        failure = sys.exc_info()[1]
+        self.errors.append(RuntimeError(f"handler failed for {client_address}: {failure!r}"))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -150,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         try:
             super().handle_one_request()
-        except TimeoutError:
+        except (TimeoutError, ConnectionResetError):  # the client let a kept-alive one go
             self.close_connection = True
 
     def do_POST(self) -> None:

@@ -107,8 +107,8 @@ def test_a_slow_first_byte_is_bounded_by_the_deadline(serve: Serve) -> None:
 def test_a_trickling_answer_is_cut_at_the_deadline_not_per_read(serve: Serve) -> None:
     """Each token comes well within the deadline, but all of them would take ten times it:
     the deadline bounds the whole call, not each read."""
-    server = serve([Reply(content="x" * 200, delay_s=0.05)])  # 50 tokens, 2.5 s in all
-    reply = provider(server.base_url).call("{}", 300, 0.25)
+    server = serve([Reply(content="x" * 400, delay_s=0.05)])  # 100 tokens, 5 s in all
+    reply = provider(server.base_url).call("{}", 300, 0.5)
     assert reply.status is ReplyStatus.TRANSPORT_FAILURE and reply.timed_out, reply
     assert server.seen[0].closed.wait(30) and not server.seen[0].finished
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kernel.events import ReplyStatus
 from kernel.tools import ToolSpec
 from worker.models import ModelReply
-from worker.providers.base import ProviderConfigError
-from worker.providers.http import Answer
+from worker.providers.http import HEAD_BYTES, Answer
 from worker.providers.sse import ProtocolError, sse_payloads
 from worker.providers.stream import DONE, Accumulator, error_text, finished
 from worker.providers.streaming import (
@@ -33,7 +32,7 @@ from worker.providers.streaming import (
 )
 from worker.providers.tools import openai_tools, own_plan_step
 
-__all__ = ["SYSTEM_PROMPT", "Observer", "OpenAICompatible", "from_profile_model"]
+__all__ = ["SYSTEM_PROMPT", "Observer", "OpenAICompatible"]
 
 
 class OpenAICompatible(StreamedProvider):
@@ -92,6 +91,7 @@ class OpenAICompatible(StreamedProvider):
             # A server that ignored stream=true answers with one whole completion.
             acc.add(answer.body.read(MAX_BODY).decode("utf-8", "replace") or "null")
         elif "event-stream" not in kind:
+            answer.body.read(HEAD_BYTES)  # its first bytes, kept for diagnosis
             raise ProtocolError(f"a 200 answer of type {kind!r}, not an event stream")
         else:
             for payload in sse_payloads(answer.body.readline):
@@ -107,23 +107,3 @@ class OpenAICompatible(StreamedProvider):
         return ModelReply(
             status=out.status, content=out.content, raw=out.raw, usage=out.usage, detail=out.detail
         )
-
-
-def from_profile_model(
-    base_url: str | None,
-    model: str,
-    api_key_env: str | None,
-    env: Mapping[str, str],
-    tools: Sequence[ToolSpec],
-    **options: Any,
-) -> OpenAICompatible:
-    """Build the provider from a profile's model reference; the key is read from ``env``
-    under the variable the profile names, and a named but missing variable fails loudly."""
-    if not base_url:
-        raise ProviderConfigError(f"model {model!r}: openai-compatible needs a base URL")
-    key = None
-    if api_key_env:
-        key = env.get(api_key_env)
-        if not key:
-            raise ProviderConfigError(f"{api_key_env} is not set (the API key of {model!r})")
-    return OpenAICompatible(base_url=base_url, model=model, api_key=key, tools=tools, **options)
