@@ -47,6 +47,17 @@ def error_body(status: int, message: str = "scripted") -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def event_name(payload: str) -> str | None:
+    """Each event is named by its type, as Anthropic names them (its SDK raises on an event
+    named ``error``); a payload that is not an object is sent unnamed."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+    kind = data.get("type") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def _blocks(reply: Reply) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """Each content block's start and its per-token deltas."""
     blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []

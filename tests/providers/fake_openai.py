@@ -29,6 +29,11 @@ def error_body(status: int, message: str = "scripted") -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": kind, "param": None}}
 
 
+def event_name(payload: str) -> str | None:
+    """Chat-completion events are unnamed."""
+    return None
+
+
 def deltas(reply: Reply) -> list[dict[str, Any]]:
     """The per-token deltas of a reply: content pieces, then each tool call (name first)."""
     out: list[dict[str, Any]] = []

@@ -220,7 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if reply.events is not None:
             for payload in reply.events:
-                self.event(payload)
+                self.event(payload, encoding.event_name(payload))
             if reply.done and encoding is fake_openai:
                 self.event("[DONE]")
             self.end()
