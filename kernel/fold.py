@@ -100,7 +100,7 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
     over = NOTHING
     usage = ev.usage
     if usage is not None:
-        charge = model_call_charge(draft.ctx.agent.model.price, usage)
+        charge = model_call_charge(draft.ctx.agent.model.price_of(ev.route), usage)
         over = draft.rec.ledger.book(attempt, charge)
         op.status = OpStatus.SETTLED
     else:
@@ -110,6 +110,10 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
         detail["cached_in"] = usage.cached_input  # charged at the cached price
     if usage is not None and usage.cache_write_input:
         detail["cache_write_in"] = usage.cache_write_input
+    if ev.route is not None:
+        detail["route"] = ev.route  # which deployment answered, and after which refusals
+    if ev.fell_back:
+        detail["fell_back"] = list(ev.fell_back)
     if over is not NOTHING:
         detail["overrun"] = over.model_dump(mode="json")
     pad = draft.rec.scratchpad

@@ -25,7 +25,8 @@ SCRIPTED = "scripted"
 OPENAI_COMPATIBLE = "openai-compatible"
 ANTHROPIC = "anthropic"
 REPLAY = "replay"
-PROVIDERS = (SCRIPTED, OPENAI_COMPATIBLE, ANTHROPIC, REPLAY)
+ROUTES = "routes"  # router.fleet.routes.ROUTES: a fleet worker's, through its document
+PROVIDERS = (SCRIPTED, OPENAI_COMPATIBLE, ANTHROPIC, REPLAY, ROUTES)
 #: The streamed providers by protocol name.
 STREAMED: dict[str, type[StreamedProvider]] = {
     OPENAI_COMPATIBLE: OpenAICompatible,
@@ -97,6 +98,12 @@ def make_model(
             tools=list(profile.catalog.tools.values()),
             latency_header=latency_header,
             **options,
+        )
+    if ref.provider == ROUTES:
+        raise ProviderConfigError(
+            f"model {ref.name!r} is routed by a fleet's document (provider {ROUTES!r}); on one "
+            "machine name a provider instead (reins run --provider ... --base-url ...)",
+            field="provider",
         )
     if ref.provider == REPLAY:
         if recording is None:
