@@ -23,6 +23,7 @@ BENCHMARKS = {
     "memory": "ops.bench.memory",
     "retention": "ops.bench.retention",
     "scale": "ops.bench.scale",
+    "provider": "ops.bench.provider",
 }
 
 

@@ -143,6 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as servers do
         self.connection_number = self.server_fake.accepted(self.connection)
 
     def finish(self) -> None:
