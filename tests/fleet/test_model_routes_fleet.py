@@ -29,6 +29,8 @@ from tests.providers.fake_anthropic import view_of
 from tests.providers.fake_provider import FakeProvider
 from tests.providers.fake_replies import Reply
 from tests.providers.scripts import policy_script
+from tests.support.otlp import OtlpReceiver, receiver
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 AGENT = "examples.support_store:agent_routed"  # provider "routes", model "refund-policy"
@@ -40,6 +42,11 @@ KEYS = {"ROUTE_A_KEY": "sk-a-4f1c9e2d7b", "ROUTE_B_KEY": "sk-b-8e3a6c1f5d"}
 def refund_policy(request: dict[str, Any], n: int) -> Reply:
     goal = json.loads(view_of(request))["goal"]
     return policy_script(RefundPolicy.from_goal(goal, latency=0.01))(request, n)
+
+
+@pytest.fixture
+def collector() -> Iterator[OtlpReceiver]:
+    yield from receiver()
 
 
 @pytest.fixture
@@ -83,12 +90,14 @@ def test_a_refusing_route_is_passed_over_and_every_trajectory_finishes_on_the_ot
     document_env: dict[str, str],
     route_a: FakeProvider,
     route_b: FakeProvider,
+    collector: OtlpReceiver,
 ) -> None:
     client = document_fleet.client
     prefix, doc = document_env["REINS_KEY_PREFIX"], document_fleet.log_dir / "fleet.toml"
     doc.write_text(fleet_document({"acme": 1}, agent=AGENT, gate="") + models(route_a, route_b))
     config_apply(document_env, doc)
-    start(document_fleet, env=KEYS)
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    start(document_fleet, env={**KEYS, **traced})
     api = caller_api(document_env, client, "redis", None)
     orders = seed_orders(client, prefix, 3000, TRAJECTORIES)
     ids = [("acme", api.submit("acme", refund_job(o, agent=AGENT)).trajectory_id) for o in orders]
@@ -124,6 +133,14 @@ def test_a_refusing_route_is_passed_over_and_every_trajectory_finishes_on_the_ot
         "routes/refund-policy/a"
     )
     assert gate_a.paused_until > time.time() + 500 and gate_a.leases == 0
+
+    def chat_spans() -> list[Any]:
+        return [s for s in collector.taken() if s.name.startswith("chat")]
+
+    wait_for(lambda: len(chat_spans()) >= routes["b"], 30, "a span for every model call")
     assert stop_all(document_fleet) == {"r1": 0, "r2": 0, "w1": 0, "w2": 0}
+    assert {s.attributes.get("reins.route") for s in chat_spans()} == {"b"}
+    spans = repr([(s.name, s.attributes) for s in collector.taken()])
+    assert not any(key in spans for key in KEYS.values()), "a key reached a span"
     logs = "".join(p.read_text() for p in document_fleet.log_dir.glob("*.log"))
     assert logs and not any(key in logs for key in KEYS.values()), "a key reached a log"
