@@ -202,3 +202,62 @@ def test_leases_of_a_route_are_kept_alive_while_its_call_runs(serve: Serve) -> N
     worker.join(30)
     assert done[0].status is ReplyStatus.COMPLETED and keeper.held() == []
     assert gates.reading(route_gate(MODEL, "a")).leases == 0
+
+
+class Watched:
+    """The gates, telling the test each time a debit is refused."""
+
+    def __init__(self, gates: MemoryGates) -> None:
+        self.gates, self.refused = gates, threading.Event()
+
+    def debit(self, route: str, lease_id: str, tokens: int) -> Any:
+        reading = self.gates.debit(route, lease_id, tokens)
+        if not reading.ok:
+            self.refused.set()
+        return reading
+
+    def settle(self, route: str, lease_id: str, used_tokens: int | None) -> Any:
+        return self.gates.settle(route, lease_id, used_tokens)
+
+    def observe(self, route: str, feedback: Feedback) -> Any:
+        return self.gates.observe(route, feedback)
+
+
+def one_slot(table: Any) -> MemoryGates:
+    """Route b's gate with one slot, taken by another call."""
+    gate = route_gate(MODEL, "b")
+    gates = MemoryGates(
+        GateConfig(routes={**table.gates(), gate: ProviderLimits(concurrency=1)}), time.time
+    )
+    assert gates.debit(gate, "another-call", 1).ok
+    return gates
+
+
+def test_when_the_routes_are_only_busy_the_call_waits_for_a_slot(serve: Serve) -> None:
+    """A turn that came back REJECTED at once would be admitted again at once: busy routes
+    are waited for, within the deadline."""
+    b = serve([Reply(content=FINAL)])
+    table = routes_of(("b", b, "openai-compatible"))
+    gates = one_slot(table)
+    watched = Watched(gates)
+    model = RouteModels(lambda: table, {"B_KEY": "k"}, gates=watched).model("agent", MODEL, TOOLS)
+    done: list[Any] = []
+    worker = threading.Thread(target=lambda: done.append(model.call("{}", 300, 30.0)))
+    worker.start()
+    assert watched.refused.wait(30)  # the slot was taken: the call waits
+    gates.settle(route_gate(MODEL, "b"), "another-call", 1)  # the other call ends
+    worker.join(30)
+    assert done[0].status is ReplyStatus.COMPLETED and done[0].route == "b"
+    assert done[0].fell_back == () and len(b.seen) == 1
+
+
+def test_busy_routes_past_the_deadline_are_rejected_with_nothing_sent(serve: Serve) -> None:
+    b = serve([Reply(content=FINAL)])
+    table = routes_of(("b", b, "openai-compatible"))
+    model = RouteModels(lambda: table, {"B_KEY": "k"}, gates=one_slot(table)).model(
+        "agent", MODEL, TOOLS
+    )
+    reply = model.call("{}", 300, 0.3)
+    assert reply.status is ReplyStatus.REJECTED and reply.usage == Usage()
+    assert reply.retry_after_s is None and reply.fell_back == ("b: gate concurrency",)
+    assert b.seen == []

@@ -9,6 +9,9 @@ route's gate, then settles the lease with the tokens used. It falls back to the 
 on REJECTED or TRANSPORT_FAILURE that streamed nothing and reported no usage (so nothing was
 produced and nothing billed) with time left and no cancel; any other reply is the call's reply.
 The reply names the route that answered and the routes tried before it (the chain keeps both).
+When no route could be tried and some were only busy (at their concurrency or quota, not
+paused), the call waits for a slot, a doubling pause within its deadline, as a tool gate's
+dispatch does (ADR 0122): a turn that came back at once would only be admitted again.
 
 Feedback on a route stays on its gate; what reaches the model's admission gate (through the
 turn's notice) is only a wait for when every route refused: the earliest moment one reopens.
@@ -19,11 +22,12 @@ Design: docs/adr/0201-model-routes.md.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kernel.amounts import Usage
@@ -36,6 +40,7 @@ from worker.models import Model, ModelReply
 
 log = logging.getLogger("reins.worker.routes")
 FALLS_BACK = frozenset({ReplyStatus.REJECTED, ReplyStatus.TRANSPORT_FAILURE})
+WAIT_S = (0.02, 0.5)  # first and longest pause before trying busy routes again
 
 
 class RouteGates(Protocol):
@@ -109,30 +114,53 @@ class RoutedModel:
         start = self.clock()
         deadline = start + timeout_s
         tokens = estimate_tokens(view) + max_output_tokens
-        tried: list[str] = []
-        waits: list[float | None] = []  # per route passed over: when it may serve again
-        reply: ModelReply | None = None
+        wait = WAIT_S[0]
+        while True:
+            tried = self._pass(view, max_output_tokens, deadline, tokens, tools, cancel)
+            if tried.answered:
+                return self._answered(tried)
+            if (
+                tried.stopped
+                or not tried.busy
+                or self.clock() + wait >= deadline
+                or _stopped(cancel, wait)
+            ):
+                return self._unanswered(tried, cancel, start)
+            wait = min(wait * 2, WAIT_S[1])  # a busy route frees a slot when a call settles
+
+    def _pass(
+        self,
+        view: str,
+        cap: int,
+        deadline: float,
+        tokens: int,
+        tools: Sequence[ToolSpec] | None,
+        cancel: threading.Event | None,
+    ) -> _Pass:
+        """One try of the routes in order."""
+        tried = _Pass()
         for target in self.targets:
-            if cancel is not None and cancel.is_set():
-                break
             left = deadline - self.clock()
-            if left <= 0:
+            if (cancel is not None and cancel.is_set()) or left <= 0:
+                tried.stopped = True
                 break
             if target.provider is None:
-                tried.append(f"{target.name}: {target.unusable}")
-                waits.append(None)
+                tried.passed(target.name, f"{target.unusable}", math.inf)
                 continue
             lease = self._debit(target, tokens)
             if isinstance(lease, GateReading):
-                tried.append(f"{target.name}: gate {lease.reason}")
-                waits.append(self._reopens(lease))
+                tried.passed(target.name, f"gate {lease.reason}", self._reopens(lease))
                 continue
-            reply = self._send(target, lease, view, max_output_tokens, left, tools, cancel)
+            reply = self._send(target, lease, view, cap, left, tools, cancel)
+            tried.sent = (reply, target)
             if not falls_back(reply) or target is self.targets[-1]:
-                return self._answered(reply, target, tried, waits)
-            tried.append(f"{target.name}: {reply.status.value}")
-            waits.append(reply.retry_after_s if reply.status is ReplyStatus.REJECTED else None)
-        return self._unanswered(reply, tried, waits, cancel, start)
+                tried.answered = True
+                break
+            rejected = reply.status is ReplyStatus.REJECTED
+            tried.passed(
+                target.name, reply.status.value, reply.retry_after_s if rejected else math.inf
+            )
+        return tried
 
     # --- one route -------------------------------------------------------------------------
 
@@ -179,74 +207,105 @@ class RoutedModel:
         return reply
 
     def _reopens(self, reading: GateReading) -> float | None:
-        """Seconds until a refusing gate's pause ends; None when it refused for another
-        reason (a slot may free up any moment)."""
+        """Seconds until a refusing gate's pause ends; None when the route is only busy (at
+        its concurrency or its window's quota: a slot frees when another call settles)."""
         if reading.reason != "paused":
             return None
         return max(reading.paused_until - self.wall(), 0.0)
 
     # --- the call's reply --------------------------------------------------------------------
 
-    def _answered(
-        self, reply: ModelReply, target: Target, tried: list[str], waits: list[float | None]
-    ) -> ModelReply:
-        """The reply of the route that answered, naming it; its quota news stayed on its
-        gate, and only a wait for every route reaches the model's gate."""
-        every = [*waits, reply.retry_after_s if reply.status is ReplyStatus.REJECTED else None]
+    def _answered(self, tried: _Pass) -> ModelReply:
+        """The reply of the route that answered, naming it and the routes passed before it;
+        its quota news stayed on its gate, and only a wait for every route reaches the
+        model's gate."""
+        assert tried.sent is not None
+        reply, target = tried.sent
+        waits = [*tried.waits]
+        if falls_back(reply):  # the last route refused too
+            waits.append(reply.retry_after_s if reply.status is ReplyStatus.REJECTED else math.inf)
         return reply.model_copy(
             update={
                 "route": target.name,
-                "fell_back": tuple(tried),
+                "fell_back": tried.why(but=target.name),
                 "rate_limits": {},
-                "retry_after_s": _earliest(every) if falls_back(reply) else None,
+                "retry_after_s": _earliest(waits) if falls_back(reply) else None,
             }
         )
 
-    def _unanswered(
-        self,
-        last: ModelReply | None,
-        tried: list[str],
-        waits: list[float | None],
-        cancel: threading.Event | None,
-        start: float,
-    ) -> ModelReply:
+    def _unanswered(self, tried: _Pass, cancel: threading.Event | None, start: float) -> ModelReply:
         """No route answered: canceled, out of time, or every route passed over."""
         latency = round(max(self.clock() - start, 0.0), 6)
         if cancel is not None and cancel.is_set():
-            return ModelReply(
-                status=ReplyStatus.CANCELED,
-                latency_s=latency,
-                detail="canceled",
-                fell_back=tuple(tried),
-                route=None,
-            )
-        if last is not None:  # the deadline ran out after a fallback
-            timed = ModelReply(
+            reply = ModelReply(status=ReplyStatus.CANCELED, latency_s=latency, detail="canceled")
+            return reply.model_copy(update={"fell_back": tried.why()})
+        if tried.stopped:
+            why = "while falling back" if tried.sent else "before any route was tried"
+            reply = ModelReply(
                 status=ReplyStatus.TRANSPORT_FAILURE,
                 timed_out=True,
                 latency_s=latency,
-                detail="the deadline ran out while falling back",
+                detail=f"the deadline ran out {why}",
             )
-            return timed.model_copy(update={"fell_back": tuple(tried)})
-        if not tried:
-            return ModelReply(
-                status=ReplyStatus.TRANSPORT_FAILURE,
-                timed_out=True,
-                latency_s=latency,
-                detail="the deadline passed before any route was tried",
+            return reply.model_copy(update={"fell_back": tried.why()})
+        if tried.sent is not None:  # one refused, the others were passed over: its reply
+            reply, target = tried.sent
+            return reply.model_copy(
+                update={
+                    "route": target.name,
+                    "fell_back": tried.why(but=target.name),
+                    "rate_limits": {},
+                    "retry_after_s": _earliest(tried.waits),
+                }
             )
         return ModelReply(  # nothing left this worker: nothing was used
             status=ReplyStatus.REJECTED,
             usage=Usage(),
             latency_s=latency,
-            retry_after_s=_earliest(waits),
-            detail=f"no route of {self.model} could take the call: " + "; ".join(tried),
-            fell_back=tuple(tried),
+            retry_after_s=_earliest(tried.waits),
+            detail=f"no route of {self.model} could take the call: " + "; ".join(tried.why()),
+            fell_back=tried.why(),
         )
 
 
+@dataclass
+class _Pass:
+    """What one try of the routes in order saw."""
+
+    routes: list[tuple[str, str]] = field(default_factory=list)  # passed over: (route, why)
+    waits: list[float | None] = field(default_factory=list)  # when each may serve again
+    sent: tuple[ModelReply, Target] | None = None  # the last reply a route gave, and the route
+    answered: bool = False  # ``sent`` is the call's reply
+    stopped: bool = False  # canceled, or out of time, before the routes ran out
+
+    def passed(self, route: str, why: str, wait: float | None) -> None:
+        """A route passed over or fallen back from; ``wait`` None: it is only busy, inf: it
+        will not serve from here."""
+        self.routes.append((route, why))
+        self.waits.append(wait)
+
+    @property
+    def busy(self) -> bool:
+        """Some route was only busy: a slot may free up any moment."""
+        return any(w is None for w in self.waits)
+
+    def why(self, but: str | None = None) -> tuple[str, ...]:
+        """Each route passed over, ``"route: why"``, but the one named."""
+        return tuple(f"{r}: {w}" for r, w in self.routes if r != but)
+
+
 def _earliest(waits: list[float | None]) -> float | None:
-    """When the first route may serve again: the smallest wait, if every route gave one."""
+    """When the first route may serve again: the smallest wait, if every route gave one
+    (infinite for a route that will not serve from here: no wait then)."""
     if not waits or any(w is None for w in waits):
         return None
-    return min(w for w in waits if w is not None)
+    first = min(w for w in waits if w is not None)
+    return None if math.isinf(first) else first
+
+
+def _stopped(cancel: threading.Event | None, wait: float) -> bool:
+    """Pause ``wait`` seconds, or until canceled; True when canceled."""
+    if cancel is None:
+        time.sleep(wait)
+        return False
+    return cancel.wait(wait)
