@@ -50,7 +50,7 @@ demo: venv
 	$(VENV)/bin/reins demo
 
 bench: venv redis
-	@for b in kernel ring admitter store fleet api; do $(VENV)/bin/reins bench $$b --json; done
+	@for b in kernel ring admitter store fleet api provider; do $(VENV)/bin/reins bench $$b --json; done
 
 clean:
 	rm -rf $(VENV) .reins .pytest_cache .mypy_cache .ruff_cache

@@ -33,7 +33,7 @@ class ModelRef:
     as the provider receives them. Usage past the reservation is still booked, as an overrun.
     """
 
-    provider: str  # "scripted", "openai-compatible", ...
+    provider: str  # "scripted", "openai-compatible", "anthropic", "routes", ...
     name: str
     price: ModelPrice
     base_url: str | None = None
@@ -41,6 +41,17 @@ class ModelRef:
     input_margin: float = 0.1
     framing_tokens: int = 64
     sends_tool_schemas: bool = True
+    #: A routed model's price per route (the fleet's document): a reply that names its route
+    #: is settled at that route's price; ``price`` is then the dearest of them, reserved.
+    route_prices: tuple[tuple[str, ModelPrice], ...] = ()
+
+    def price_of(self, route: str | None) -> ModelPrice:
+        """The price a reply through ``route`` is settled at (``price`` for none or unknown)."""
+        if route is not None:
+            for name, price in self.route_prices:
+                if name == route:
+                    return price
+        return self.price
 
 
 class WaitKind(StrEnum):

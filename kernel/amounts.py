@@ -67,13 +67,31 @@ DIMENSION_NAMES: tuple[str, ...] = tuple(d.value for d in Dimension)  # the Amou
 
 
 class ModelPrice(BaseModel):
-    """Prices of one model, in dollars per million tokens."""
+    """Prices of one model, in dollars per million tokens.
+
+    ``cached_input_per_m`` is what input read from the provider's prompt cache costs;
+    ``cache_write_input_per_m`` what input written to it costs, where the provider charges
+    writes apart (Anthropic: above the input price); None charges writes as plain input.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     input_per_m: Decimal = Field(..., ge=0)
     cached_input_per_m: Decimal = Field(..., ge=0)
     output_per_m: Decimal = Field(..., ge=0)
+    cache_write_input_per_m: Decimal | None = Field(None, ge=0)
+
+    @property
+    def cache_write_rate(self) -> Decimal:
+        """The price of input written to the cache."""
+        write = self.cache_write_input_per_m
+        return self.input_per_m if write is None else write
+
+    @property
+    def worst_input_rate(self) -> Decimal:
+        """The most one input token can cost: uncached, or written to the cache if that costs
+        more. Admission reserves every input token at this rate."""
+        return max(self.input_per_m, self.cache_write_rate)
 
 
 class Usage(BaseModel):
@@ -82,27 +100,36 @@ class Usage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     uncached_input: int = Field(0, ge=0)
-    cached_input: int = Field(0, ge=0)
+    cached_input: int = Field(0, ge=0)  # read from the provider's prompt cache
     output: int = Field(0, ge=0)
+    cache_write_input: int = Field(0, ge=0)  # written to the provider's prompt cache
+
+    @property
+    def input(self) -> int:
+        """Every input token, whichever way it was priced."""
+        return self.uncached_input + self.cached_input + self.cache_write_input
 
     @property
     def total(self) -> int:
         """Every token the call consumed, cached input counted in full."""
-        return self.uncached_input + self.cached_input + self.output
+        return self.input + self.output
 
 
 def model_call_liability(price: ModelPrice, input_tokens: int, output_cap: int) -> Amounts:
-    """Equation 2 of seed 004: the whole prompt at the undiscounted input price plus the
-    full output allowance; one step; the token meter sees the input plus the output cap."""
-    dollars = (price.input_per_m * input_tokens + price.output_per_m * output_cap) / MILLION
+    """Equation 2 of seed 004: the whole prompt at the undiscounted input price (or the cache
+    write price, where that is higher) plus the full output allowance; one step; the token
+    meter sees the input plus the output cap. A cache hit only ever lowers the charge."""
+    dollars = (price.worst_input_rate * input_tokens + price.output_per_m * output_cap) / MILLION
     return Amounts.of(steps=1, tokens=input_tokens + output_cap, dollars=dollars)
 
 
 def model_call_charge(price: ModelPrice, usage: Usage) -> Amounts:
-    """The settled charge of one call: cached input at the cached price (seed 004 10.9.3)."""
+    """The settled charge of one call: cached input at the cached price (seed 004 10.9.3),
+    cache writes at the write price."""
     dollars = (
         price.input_per_m * usage.uncached_input
         + price.cached_input_per_m * usage.cached_input
+        + price.cache_write_rate * usage.cache_write_input
         + price.output_per_m * usage.output
     ) / MILLION
     return Amounts.of(steps=1, tokens=usage.total, dollars=dollars)

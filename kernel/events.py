@@ -56,6 +56,8 @@ class ModelReplied(_Event):
     latency_s: float = Field(0.0, ge=0)
     timed_out: bool = False
     retry_after_s: float | None = None
+    route: str | None = None  # the provider route that answered (a routed model's)
+    fell_back: tuple[str, ...] = ()  # routes tried before it, each "route: status"
 
 
 class ToolResulted(_Event):

@@ -100,12 +100,20 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
     over = NOTHING
     usage = ev.usage
     if usage is not None:
-        charge = model_call_charge(draft.ctx.agent.model.price, usage)
+        charge = model_call_charge(draft.ctx.agent.model.price_of(ev.route), usage)
         over = draft.rec.ledger.book(attempt, charge)
         op.status = OpStatus.SETTLED
     else:
         op.status = OpStatus.UNKNOWN  # no usage evidence: the reservation stays
     detail: dict[str, Any] = {"proposal": ev.content, "timed_out": ev.timed_out}
+    if usage is not None and usage.cached_input:
+        detail["cached_in"] = usage.cached_input  # charged at the cached price
+    if usage is not None and usage.cache_write_input:
+        detail["cache_write_in"] = usage.cache_write_input
+    if ev.route is not None:
+        detail["route"] = ev.route  # which deployment answered, and after which refusals
+    if ev.fell_back:
+        detail["fell_back"] = list(ev.fell_back)
     if over is not NOTHING:
         detail["overrun"] = over.model_dump(mode="json")
     pad = draft.rec.scratchpad
@@ -115,7 +123,7 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
         RowKind.MODEL,
         call_id=ev.call_id,
         outcome=ev.status.value,
-        tokens_in=(usage.uncached_input + usage.cached_input) if usage else 0,
+        tokens_in=usage.input if usage else 0,
         tokens_out=usage.output if usage else 0,
         duration_s=ev.latency_s,
         detail=detail,

@@ -111,6 +111,21 @@ class Settings(BaseModel):
             "only when that overtakes nobody in the shared admitter (0: every turn via a router)"
         ),
     )
+    # --- model providers (worker/providers/http.py): one pool of connections per route ---
+    provider_max_connections: int = Field(
+        32, ge=1, le=4096, description="connections one provider route may hold open at once"
+    )
+    provider_keepalive_s: float = Field(
+        60.0,
+        ge=0,
+        description="an idle pooled connection to a provider is closed after this long "
+        "(0: one connection per call, none kept)",
+    )
+    provider_ca_bundle: str = Field(
+        "",
+        description="PEM file of the certificate authorities a provider's TLS certificate is "
+        "verified against (unset: the system's); verification is never off",
+    )
     # --- Prometheus (ops/observability/metrics.py): every router and worker process serves
     # /metrics ---
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /metrics; 0: not served")

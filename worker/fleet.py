@@ -37,6 +37,7 @@ from router.admission.redis.gates import RedisGates
 from router.fleet.agents import AgentCache
 from router.fleet.config import ConfigSource, importable
 from router.fleet.health import Beat, HealthServer, live_within_s, serve_probes
+from router.fleet.routes import following
 from router.placement.membership import Membership, Progress
 from router.wire.broker import TURN_TASK, noops_key
 from router.wire.custody import Custody
@@ -51,6 +52,8 @@ from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InFlightCalls
+from worker.providers.http import PoolOptions
+from worker.routes import RouteModels
 from worker.tool_gates import ToolGates, gated_route, lease_ttl_s
 from worker.turn import TurnObserver, TurnRunner
 
@@ -109,16 +112,23 @@ class FleetWorker:
             def factory(agent: AgentModule, ref: str) -> ToolBackend:
                 return shared(agent, settings, client_)
 
-        tools = TurnTools(
-            AgentCache(importable(source)),
-            env if env is not None else os.environ,
-            options.overrides,
-            factory,
-            RedisMemory(self.client, prefix=settings.key_prefix),
-        )
         # Renewing needs no gate configuration: each route's ttl is in Redis (router boot).
         gates = RedisGates(self.client, GateConfig(routes={}), prefix=settings.key_prefix)
         self.leases = LeaseKeeper(gates)
+        environ = env if env is not None else os.environ
+        pool_options = PoolOptions.from_settings(settings)
+        routed = following(source.peek)
+        tools = TurnTools(
+            AgentCache(importable(source), routed),
+            environ,
+            options.overrides,
+            factory,
+            RedisMemory(self.client, prefix=settings.key_prefix),
+            pool_options=pool_options,
+            routes=RouteModels(
+                routed, environ, pool_options=pool_options, gates=gates, leases=self.leases
+            ),
+        )
         custody = self.custody = Custody(self.client, settings.key_prefix)
         self._draining = threading.Event()
         self.observed = observer is not None  # the queue's figures cost a read: only if heard

@@ -18,9 +18,12 @@ from kernel.agent import AgentModule, AgentProfile
 from kernel.events import ReplyStatus
 from kernel.tools import ToolBackend, ToolSpec
 from router.fleet.agents import AgentCache
+from router.fleet.routes import ROUTES
 from store.memory_base import MemoryBank
 from worker.models import Model, ModelReply, ScriptedModel
 from worker.providers import make_model, with_model
+from worker.providers.http import PoolOptions
+from worker.routes import RouteModels, Unrouted
 
 #: Builds the tool backend a worker uses for one agent: (agent, its reference) -> backend.
 BackendFactory = Callable[[AgentModule, str], ToolBackend]
@@ -91,6 +94,8 @@ class TurnTools:
     overrides: ModelOverrides = field(default_factory=ModelOverrides)
     backend_factory: BackendFactory | None = None
     memory: MemoryBank | None = None  # where the memory tools and episodes go (None: nowhere)
+    pool_options: PoolOptions = field(default_factory=PoolOptions)  # each route's connections
+    routes: RouteModels | None = None  # routed models (provider "routes"): the fleet's document
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _backends: dict[str, ToolBackend] = field(default_factory=dict)
     _providers: dict[str, Model] = field(default_factory=dict)
@@ -139,11 +144,16 @@ class TurnTools:
     def model(self, ref: str, goal: str) -> Model:
         """The model for one turn of a trajectory of agent ``ref`` with ``goal``.
 
-        Scripted providers are built per turn (their policy reads the goal) and paced; other
-        providers are built once per agent and shared by the worker's threads.
+        Scripted providers are built per turn (their policy reads the goal) and paced; routed
+        ones come from the fleet's document in force (:mod:`worker.routes`); other providers
+        are built once per agent and shared by the worker's threads.
         """
         agent = self.agents.get(ref)[0]
         profile = self._profile(ref, agent)
+        if profile.model.provider == ROUTES:
+            if self.routes is None:
+                return Unrouted(profile.model.name)
+            return self.routes.model(ref, profile.model.name, list(profile.catalog.tools.values()))
         if profile.model.provider == "scripted":
             policy = agent.make_policy(goal)
             return PacedModel(ScriptedModel(policy), self.overrides.scripted_latency_s)
@@ -152,6 +162,11 @@ class TurnTools:
             with self._lock:
                 found = self._providers.get(ref)
                 if found is None:
-                    found = make_model(profile, agent.make_policy(goal), self.env)
+                    found = make_model(
+                        profile,
+                        agent.make_policy(goal),
+                        self.env,
+                        pool_options=self.pool_options,
+                    )
                     self._providers[ref] = found
         return found

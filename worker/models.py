@@ -40,6 +40,8 @@ class ModelReply(BaseModel):
     rate_limits: dict[str, str] = Field(default_factory=dict)  # x-ratelimit-* headers seen
     partial: str | None = None  # a canceled stream's output so far: diagnostics, never content
     detail: str | None = None  # why a call was not COMPLETED (HTTP status, bad chunk, ...)
+    route: str | None = None  # the provider route that answered (a routed model's)
+    fell_back: tuple[str, ...] = ()  # routes tried before it, each "route: status"
 
     def replied(self, call_id: str, now: float) -> ModelReplied:
         """The kernel event for this reply; a canceled stream's partial output rides in
@@ -55,6 +57,10 @@ class ModelReply(BaseModel):
             "timed_out": self.timed_out,
             "retry_after_s": self.retry_after_s,
         }
+        if self.route is not None:
+            fields["route"] = self.route
+        if self.fell_back:
+            fields["fell_back"] = self.fell_back
         if type(now) is float and type(call_id) is str and self.latency_s >= 0:
             # All the event's validation would check: the rest is this validated reply's.
             return construct(ModelReplied, **fields)

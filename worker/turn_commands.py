@@ -88,10 +88,7 @@ class CommandCarrier:
             reply = model.call(cmd.view, cmd.max_output_tokens, timeout, cancel=token)
         finally:
             self.calls_in_flight.close(cmd.call_id)
-        used = None
-        if reply.usage is not None:
-            u = reply.usage
-            used = u.uncached_input + u.cached_input + u.output
+        used = reply.usage.total if reply.usage is not None else None
         metered = Metered(used, reply.retry_after_s, reply.rate_limits)
         return reply.replied(cmd.call_id, self.clock()), metered
 

@@ -136,6 +136,9 @@ LOCAL_SERVER = ModelRef(
     base_url="http://127.0.0.1:8000/v1",  # a vLLM / llama.cpp / LiteLLM server on this host
     api_key_env=None,  # a hosted API names its key variable here, e.g. "OPENAI_API_KEY"
 )
+# Routed by the fleet's document: [models."refund-policy"] lists the deployments that serve it,
+# their keys' variables and prices (examples/fleet.toml); the price here is only a fallback.
+ROUTED = ModelRef(provider="routes", name="refund-policy", price=PRICE)
 
 
 def make_agent(
@@ -164,3 +167,4 @@ def make_agent(
 agent = make_agent()
 agent_lookup = make_agent("support_store_lookup", on_unknown=OnUnknown.LOOKUP)
 agent_local = make_agent("support_store_local", model=LOCAL_SERVER)  # OpenAI-compatible API
+agent_routed = make_agent("support_store_routed", model=ROUTED)  # the fleet document's routes

@@ -24,6 +24,7 @@ BENCHMARKS = {
     "retention": "ops.bench.retention",
     "scale": "ops.bench.scale",
     "soak": "ops.bench.soak",
+    "provider": "ops.bench.provider",
 }
 
 

@@ -4,7 +4,9 @@ straight on its Redis (``REINS_REDIS_URL``, ``REINS_KEY_PREFIX``); an operator r
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Mapping
 
 import typer
 from rich.console import Console
@@ -14,6 +16,8 @@ from api.keys import KeyRing, Scope, grant_summary
 from kernel.errors import InvalidInput
 from ops.cli.connect import fleet_redis
 from router.fleet import config as fleet_config
+from router.fleet.routes import RouteTable
+from worker.providers.keys import KeyRef
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys: create, list, revoke.")
 config_app = typer.Typer(no_args_is_help=True, help="The fleet's configuration in Redis.")
@@ -83,10 +87,16 @@ def apply_cmd(
         None, "--gates", help="a gates file (routes) to apply as the document's gates"
     ),
 ) -> None:
-    """Validate FILE and store it as the fleet's next configuration version."""
+    """Validate FILE and store it as the fleet's next configuration version.
+
+    A route whose key reference does not resolve here is applied with a warning: the workers
+    resolve it, and this machine need not hold the keys."""
     data = fleet_config.read_file(path)
     if gates:
         data["gates"] = fleet_config.read_file(gates)
+    fleet_config.parse_document(data)  # refused here, naming the field, before any warning
+    for warning in key_warnings(fleet_config.parse_routes(data), os.environ):
+        Console(stderr=True).print(f"[yellow]warning:[/] {warning}", highlight=False)
     with fleet_redis() as (settings, client):
         version = fleet_config.apply(client, settings.key_prefix, data)
     console.print(
@@ -104,8 +114,26 @@ def show_cmd() -> None:
         "version": fleet.version,
         "tenants": json.loads(fleet.admission.model_dump_json())["tenants"],
         "gates": None if fleet.gates is None else json.loads(fleet.gates.model_dump_json()),
+        "models": {  # routes name their keys' variables or files, never a key
+            name: json.loads(entry.model_dump_json(exclude_none=True))
+            for name, entry in fleet.routes.models.items()
+        },
     }
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+
+
+def key_warnings(routes: RouteTable, env: Mapping[str, str]) -> list[str]:
+    """What of each route's key reference does not resolve with ``env`` (never a key)."""
+    out = []
+    for model, entry in routes.models.items():
+        for route in entry.routes:
+            problem = KeyRef(route.api_key_env, route.api_key_file).problem(env)
+            if problem:
+                out.append(
+                    f"models.{model}.routes[{route.name!r}]: {problem} on this machine "
+                    "(each worker resolves it)"
+                )
+    return out
 
 
 def register(app: typer.Typer) -> None:

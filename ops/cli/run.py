@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import uuid
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -23,7 +24,8 @@ from router.process.memory_sweep import sweep_once
 from store.memory_sqlite import SqliteMemory
 from store.sqlite import SqliteStore
 from worker.memory_tools import MemoryBackend, uses_memory
-from worker.providers import make_model, with_model
+from worker.providers import STREAMED, make_model, with_model
+from worker.providers.http import PoolOptions
 from worker.recording import RecordingRunner
 from worker.resume import store_commit
 
@@ -42,7 +44,8 @@ def run_cmd(
     provider: str | None = typer.Option(
         None,
         "--provider",
-        help="the model provider instead of the profile's: scripted or openai-compatible",
+        help="the model provider instead of the profile's: scripted, openai-compatible or "
+        "anthropic",
     ),
     base_url: str | None = typer.Option(None, "--base-url", help="the provider's base URL"),
     model_name: str | None = typer.Option(None, "--model", help="the model name to ask for"),
@@ -88,7 +91,13 @@ def run_cmd(
         name=model_name,
         api_key_env=api_key_env,
     )
-    model = make_model(profile, agent.make_policy(goal), os.environ, latency_header=latency_header)
+    settings = Settings.from_env(os.environ)
+    options: dict[str, Any] = {}
+    if profile.model.provider in STREAMED:  # the route's pooled connections, as a worker's
+        options["pool_options"] = PoolOptions.from_settings(settings)
+    model = make_model(
+        profile, agent.make_policy(goal), os.environ, latency_header=latency_header, **options
+    )
     commit = None
     if keep:
         store = SqliteStore.from_settings(Settings.from_env(os.environ))

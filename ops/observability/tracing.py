@@ -207,6 +207,9 @@ class OtelTracer(Tracer):
             attrs["gen_ai.tool.call.arguments"] = json.dumps(args, sort_keys=True)
         if row.kind is RowKind.MODEL:
             attrs["gen_ai.provider.name"] = provider
+            route = (row.detail or {}).get("route")
+            if isinstance(route, str):  # a routed model's: the deployment that answered
+                attrs["reins.route"] = route
         span = self._tracer.start_span(
             name,
             kind=SpanKind.CLIENT if row.kind is RowKind.MODEL else SpanKind.INTERNAL,

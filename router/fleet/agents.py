@@ -6,6 +6,7 @@ A record names its agent; routers (admission) and workers (turns) both load it t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any, NamedTuple
 from kernel.agent import AgentModule
 from kernel.context import KernelContext
 from kernel.errors import UnknownAgent
+from router.fleet.routes import ROUTES, ModelRoutes, RouteTable
 
 
 class Resolved(NamedTuple):
@@ -64,12 +66,23 @@ class AgentCache:
     cached for it), so a deployment that adds the module later is picked up. With ``allowed``,
     a reference it refuses raises :class:`UnknownAgent` before anything is imported (asked on
     every call, so an agent taken off the lists is refused from then on).
+
+    An agent whose model is routed (provider ``routes``) gets a kernel context priced by the
+    routes ``routing`` gives (the fleet's document in force): reserved at the dearest route,
+    settled at the route a reply names; a new version of the model's routes builds a new
+    context, once.
     """
 
-    def __init__(self, allowed: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        allowed: Callable[[str], bool] | None = None,
+        routing: Callable[[], RouteTable] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._agents: dict[str, tuple[AgentModule, KernelContext]] = {}
+        self._priced: dict[str, tuple[ModelRoutes, KernelContext]] = {}
         self.allowed = allowed
+        self.routing = routing
 
     def get(self, ref: str) -> tuple[AgentModule, KernelContext]:
         """The agent and its kernel context; raises :class:`UnknownAgent`."""
@@ -81,7 +94,26 @@ class AgentCache:
             found = (agent, KernelContext(agent.profile))
             with self._lock:
                 found = self._agents.setdefault(ref, found)
+        if self.routing is not None and found[0].profile.model.provider == ROUTES:
+            return found[0], self._routed(ref, found[0])
         return found
+
+    def _routed(self, ref: str, agent: AgentModule) -> KernelContext:
+        """The context of a routed agent, priced by the model's routes in force (the
+        profile's own price while the document routes no such model)."""
+        model = agent.profile.model
+        assert self.routing is not None
+        entry = self.routing().get(model.name)
+        if entry is None:
+            return self._agents[ref][1]
+        held = self._priced.get(ref)
+        if held is not None and held[0] is entry:
+            return held[1]
+        priced = dataclasses.replace(model, price=entry.worst_price(), route_prices=entry.prices())
+        ctx = KernelContext(dataclasses.replace(agent.profile, model=priced))
+        with self._lock:
+            self._priced[ref] = (entry, ctx)
+        return ctx
 
     def context(self, ref: str) -> KernelContext:
         """The kernel context of ``ref``."""

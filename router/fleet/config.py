@@ -26,6 +26,7 @@ from kernel.errors import ConfigError
 from router.admission.gates import GateConfig
 from router.admission.tenants import AdmissionConfig, read_document
 from router.fleet.memory_config import NO_MEMORY_SECTION, MemoryConfig, memory_of
+from router.fleet.routes import NO_ROUTES, ROUTES, RouteTable, parse_models
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,7 @@ class FleetConfig:
     admission: AdmissionConfig
     gates: GateConfig | None
     memory: MemoryConfig = NO_MEMORY_SECTION  # the document's [memory] section
+    routes: RouteTable = NO_ROUTES  # routed models (router/fleet/routes.py)
 
     def allows(self, tenant: str, agent: str) -> bool:
         """True when ``tenant`` is configured and lists ``agent`` among those it may run."""
@@ -73,11 +75,13 @@ def parse_document(data: Mapping[str, Any]) -> tuple[AdmissionConfig, GateConfig
     """Validate a parsed document; raise :class:`ConfigError` naming the field.
 
     Unlike a tenants file given to one router, every tenant must list its agents: the fleet's
-    document is what the API admits submissions by.
+    document is what the API admits submissions by. The gates include those of the routed
+    models (:func:`parse_routes` gives the routes themselves).
     """
     body = dict(data)
     gates_raw = body.pop("gates", None)
     memory_of(body.pop("memory", None), data)  # validated here, read by load()
+    routes = parse_models(body.pop("models", None))
     admission = AdmissionConfig.from_mapping(body)
     unlisted = [t.name for t in admission.tenants if t.agents is None]
     if unlisted:
@@ -86,7 +90,29 @@ def parse_document(data: Mapping[str, Any]) -> tuple[AdmissionConfig, GateConfig
             "(the agents its jobs may name)"
         )
     gates = None if gates_raw is None else GateConfig.from_mapping(gates_raw)
-    return admission, gates
+    return admission, with_route_gates(gates, routes)
+
+
+def parse_routes(data: Mapping[str, Any]) -> RouteTable:
+    """The routed models of a parsed document (validated as :func:`parse_document` does)."""
+    return parse_models(data.get("models"))
+
+
+def with_route_gates(gates: GateConfig | None, routes: RouteTable) -> GateConfig | None:
+    """``gates`` with the routed models' gates added; a document that names one of those in
+    its ``gates`` section is refused (they are set under ``models``)."""
+    added = routes.gates()
+    if not added:
+        return gates
+    own = dict(gates.routes) if gates is not None else {}
+    taken = sorted(r for r in own if r.split("/", 1)[0] == ROUTES)
+    if taken:
+        raise ConfigError(
+            f"gates.routes {taken}: gates of routed models are set under models "
+            '(models."NAME".gates, and each route\'s gates)',
+            field="gates.routes",
+        )
+    return GateConfig(routes={**own, **added})
 
 
 def read_file(path: str | Path) -> dict[str, Any]:
@@ -127,7 +153,8 @@ def load(client: redis.Redis, prefix: str) -> FleetConfig | None:
         return None
     data = json.loads(raw[1], parse_float=Decimal)
     admission, gates = parse_document(data)
-    return FleetConfig(int(raw[0]), admission, gates, memory_of(data.get("memory"), data))
+    memory = memory_of(data.get("memory"), data)
+    return FleetConfig(int(raw[0]), admission, gates, memory=memory, routes=parse_routes(data))
 
 
 def stored_version(client: redis.Redis, prefix: str) -> int:

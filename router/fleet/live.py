@@ -19,6 +19,7 @@ from kernel.errors import ConfigError
 from router.admission.gates import GateConfig
 from router.admission.tenants import AdmissionConfig
 from router.fleet.config import ConfigSource, FleetConfig
+from router.fleet.routes import NO_ROUTES, RouteTable
 
 log = logging.getLogger("reins.router.config")
 
@@ -30,6 +31,7 @@ class Applied:
     version: int
     admission: AdmissionConfig
     gates: GateConfig | None
+    routes: RouteTable = NO_ROUTES
 
 
 class LiveConfig:
@@ -64,7 +66,7 @@ class LiveConfig:
         if fleet is None or fleet.version <= self.applied.version:
             return False
         gates = self._gates_override if self._gates_override is not None else fleet.gates
-        new = Applied(fleet.version, fleet.admission, gates)
+        new = Applied(fleet.version, fleet.admission, gates, fleet.routes)
         self._apply(new)
         log.info("configuration version %d applied (was %d)", new.version, self.applied.version)
         self.applied = new

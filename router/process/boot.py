@@ -31,6 +31,7 @@ from router.fleet import config as fleet_config
 from router.fleet.agents import AgentCache
 from router.fleet.live import Applied
 from router.fleet.observe import RouterObserver
+from router.fleet.routes import fixed
 from router.placement.membership import Membership, ReplicaRing
 from router.process.dispatch import Dispatcher, Sender
 from router.wire.broker import make_app
@@ -90,7 +91,7 @@ def fleet_configuration(client: redis.Redis, prefix: str, options: RouterOptions
             "Redis), or name a file with REINS_TENANTS_FILE or --tenants"
         )
     gates = load_gate_config(options.gates_file) if options.gates_file else fleet.gates
-    return Applied(fleet.version, fleet.admission, gates)
+    return Applied(fleet.version, fleet.admission, gates, fleet.routes)
 
 
 @dataclass
@@ -236,7 +237,9 @@ class RouterParts:
         applied = fleet_configuration(client, prefix, options)
         config, gate_config = applied.admission, applied.gates
         observer.on_config(config)
-        agents = AgentCache(lambda ref: fleet_config.listed_anywhere(config, ref))
+        agents = AgentCache(
+            lambda ref: fleet_config.listed_anywhere(config, ref), fixed(applied.routes)
+        )
         custody = Custody(client, prefix)
         outbox = Outbox.wire(settings, custody, sender)
         admission = Admission(

@@ -31,6 +31,7 @@ from router.fleet.config import ConfigSource
 from router.fleet.health import Beat, HealthServer, live_within_s, serve_probes
 from router.fleet.live import Applied, LiveConfig
 from router.fleet.observe import RouterObserver
+from router.fleet.routes import fixed
 from router.process.boot import AdmitterKind, RouterOptions, RouterParts, load_gate_config
 from router.process.chores import (
     HELD_APPROVALS_EVERY_S,
@@ -246,6 +247,7 @@ class RouterService:
         )
         self.config, self.gate_config = new.admission, new.gates
         self.agents.allowed = partial(fleet_config.listed_anywhere, new.admission)
+        self.agents.routing = fixed(new.routes)  # routed models priced by the new version
         self.observer.on_config(new.admission)
         added = tuple(t.name for t in new.admission.tenants if t.name not in self.swept)
         if added:

@@ -29,7 +29,8 @@ from router.wire.turns import TurnMessage
 from store.redis_store import RedisStore
 from tests.fleet.harness import refund_job, seed_orders
 from tests.fleet.processes import caller_api, start, stop_all
-from tests.providers.fake_openai import FakeOpenAI, Reply
+from tests.providers.fake_provider import FakeOpenAI
+from tests.providers.fake_replies import Reply
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

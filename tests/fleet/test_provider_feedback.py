@@ -21,7 +21,8 @@ from store.redis_store import RedisStore
 from tests.fleet.documents import config_apply, fleet_document
 from tests.fleet.harness import refund_job, seed_orders
 from tests.fleet.processes import caller_api, start, stop_all, wait_all_ended
-from tests.providers.fake_openai import FakeOpenAI, RateLimit, Reply
+from tests.providers.fake_provider import FakeOpenAI
+from tests.providers.fake_replies import RateLimit, Reply
 from tests.providers.scripts import policy_script, view_of
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

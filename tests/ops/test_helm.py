@@ -456,3 +456,38 @@ def test_the_schema_refuses_a_bad_ingress_or_front_door_value_naming_it(
 def test_an_ingress_without_a_host_is_refused_naming_it() -> None:
     done = helm("template", "r", str(CHART), "--set", "ingress.enabled=true")
     assert done.returncode != 0 and "ingress.host is required" in done.stderr, done.stderr
+
+
+def test_provider_keys_come_from_secrets_by_reference() -> None:
+    """A route's key reaches the workers from a Secret, as a variable or a mounted file; the
+    chart renders only the references (docs/adr/0201-model-routes.md)."""
+    docs = render(
+        "worker.providerKeys[0].env=OPENAI_API_KEY",
+        "worker.providerKeys[0].secret=openai",
+        "worker.providerKeys[0].key=api-key",
+        "worker.providerKeys[1].mountPath=/var/run/secrets/anthropic",
+        "worker.providerKeys[1].secret=anthropic",
+    )
+    worker = container(docs, "worker")
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "openai",
+        "key": "api-key",
+    }
+    assert "value" not in env["OPENAI_API_KEY"]
+    mounts = {m["name"]: m for m in worker["volumeMounts"]}
+    assert mounts["provider-key-1"] == {
+        "name": "provider-key-1",
+        "mountPath": "/var/run/secrets/anthropic",
+        "readOnly": True,
+    }
+    pod = one(docs, "Deployment", "-worker")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["provider-key-1"]["secret"] == {"secretName": "anthropic"}
+    assert "OPENAI_API_KEY" not in {e["name"] for e in container(docs, "router")["env"]}
+
+
+def test_a_provider_key_without_its_secret_is_refused() -> None:
+    done = helm("template", "r", str(CHART), "--set", "worker.providerKeys[0].env=OPENAI_API_KEY")
+    assert done.returncode != 0 and not done.stdout
+    assert "providerKeys" in done.stderr, done.stderr

@@ -1,4 +1,4 @@
-"""Fixtures: a local OpenAI-compatible server per test, stopped when the test ends."""
+"""Fixtures: a loopback provider server (both protocols) per test, stopped when it ends."""
 
 from __future__ import annotations
 
@@ -6,18 +6,19 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from tests.providers.fake_openai import FakeOpenAI, Reply, Script
+from tests.providers.fake_provider import FakeProvider
+from tests.providers.fake_replies import Reply, Script
 
-Serve = Callable[[Script | Sequence[Reply]], FakeOpenAI]
+Serve = Callable[[Script | Sequence[Reply]], FakeProvider]
 
 
 @pytest.fixture
 def serve() -> Iterator[Serve]:
     """Start a server on 127.0.0.1 (a free port) with a script; every one started is stopped."""
-    started: list[FakeOpenAI] = []
+    started: list[FakeProvider] = []
 
-    def start(script: Script | Sequence[Reply]) -> FakeOpenAI:
-        server = FakeOpenAI(script).start()
+    def start(script: Script | Sequence[Reply]) -> FakeProvider:
+        server = FakeProvider(script).start()
         started.append(server)
         return server
 

@@ -15,14 +15,9 @@ from kernel.record import TrajectoryRecord
 from kernel.render import estimate_tokens
 from kernel.step import step
 from tests.kernel.harness import new_record
-from tests.providers.fake_openai import Reply, Script
+from tests.providers.fake_openai import view_of
+from tests.providers.fake_replies import Reply, Script
 from worker.models import ModelReply
-
-
-def view_of(request: dict[str, Any]) -> str:
-    """The view the provider sent: the last user message."""
-    users = [m for m in request.get("messages", []) if m.get("role") == "user"]
-    return str(users[-1]["content"]) if users else ""
 
 
 def policy_script(policy: PolicyFn) -> Script:

@@ -19,7 +19,8 @@ from kernel.events import CancelCall, ControlRequested, ReplyStatus
 from kernel.record import ControlKind, OpStatus
 from kernel.states import LifecycleState, StopReason
 from tests.providers.conftest import Serve
-from tests.providers.fake_openai import Reply, deltas
+from tests.providers.fake_openai import deltas
+from tests.providers.fake_replies import Reply
 from tests.providers.scripts import KernelTurns
 from worker.models import Model, ModelReply
 from worker.providers import CancelToken, InFlightCalls, OpenAICompatible

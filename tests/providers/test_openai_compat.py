@@ -24,7 +24,7 @@ from kernel.events import ReplyStatus
 from kernel.states import LifecycleState, StopReason
 from tests.kernel.harness import new_record
 from tests.providers.conftest import Serve
-from tests.providers.fake_openai import Reply
+from tests.providers.fake_replies import Reply
 from tests.providers.scripts import KernelTurns, view_of
 from worker.embedded import EmbeddedRunner
 from worker.providers import OpenAICompatible
@@ -315,7 +315,7 @@ def test_no_server_is_a_transport_failure(serve: Serve) -> None:
 def test_the_deadline_bounds_every_wait(serve: Serve) -> None:
     """A server slower than what is left of the deadline: the read gives up, timed out."""
     server = serve([Reply(content=FINAL, delay_s=30.0)])
-    reply = provider(server.base_url).call('{"goal": "g"}', 300, 0.2)
+    reply = provider(server.base_url).call('{"goal": "g"}', 300, 1.0)
     assert reply.status is ReplyStatus.TRANSPORT_FAILURE and reply.timed_out
     assert reply.partial == FINAL[:4]  # the first token came; the next one never did
     assert server.seen[0].closed.wait(30) and server.seen[0].disconnected

@@ -17,7 +17,7 @@ from kernel.context import KernelContext
 from kernel.events import ReplyStatus
 from tests.kernel.harness import GOAL, new_record
 from tests.providers.conftest import Serve
-from tests.providers.fake_openai import Reply
+from tests.providers.fake_replies import Reply
 from tests.providers.scripts import policy_script
 from worker.embedded import EmbeddedRunner, RunResult
 from worker.models import ModelReply, ScriptedModel

@@ -1,4 +1,4 @@
-"""Model providers: the OpenAI-compatible client and scripted providers, built from a profile.
+"""Model providers: OpenAI-compatible, Anthropic and scripted providers, built from a profile.
 
 An agent profile chooses its provider by name (``ModelRef.provider``); :func:`make_model` builds
 it in a process's boot step from the profile, the scripted policy and the environment (the API
@@ -13,18 +13,31 @@ from typing import Any
 
 from kernel.agent import AgentProfile, PolicyFn
 from worker.models import Model, ScriptedModel
+from worker.providers.anthropic import AnthropicMessages
 from worker.providers.base import CancelToken, InFlightCalls, ProviderConfigError
-from worker.providers.openai_compat import OpenAICompatible, from_profile_model
+from worker.providers.keys import KeyRef
+from worker.providers.openai_compat import OpenAICompatible
 from worker.providers.scripted import ReplayProvider
+from worker.providers.streaming import StreamedProvider
 from worker.recording import Recording
 
 SCRIPTED = "scripted"
 OPENAI_COMPATIBLE = "openai-compatible"
+ANTHROPIC = "anthropic"
 REPLAY = "replay"
-PROVIDERS = (SCRIPTED, OPENAI_COMPATIBLE, REPLAY)
+ROUTES = "routes"  # router.fleet.routes.ROUTES: a fleet worker's, through its document
+PROVIDERS = (SCRIPTED, OPENAI_COMPATIBLE, ANTHROPIC, REPLAY, ROUTES)
+#: The streamed providers by protocol name.
+STREAMED: dict[str, type[StreamedProvider]] = {
+    OPENAI_COMPATIBLE: OpenAICompatible,
+    ANTHROPIC: AnthropicMessages,
+}
+ANTHROPIC_URL = "https://api.anthropic.com"
 
 __all__ = [
     "PROVIDERS",
+    "STREAMED",
+    "AnthropicMessages",
     "CancelToken",
     "InFlightCalls",
     "OpenAICompatible",
@@ -65,23 +78,32 @@ def make_model(
     latency_header: str | None = None,
     **options: Any,
 ) -> Model:
-    """The provider the profile names: ``scripted`` (the agent's policy), ``openai-compatible``
-    (base URL, model name and key variable from the profile; ``latency_header`` and
-    ``options`` go to :class:`OpenAICompatible`) or ``replay`` (the model replies of
-    ``recording``)."""
+    """The provider the profile names: ``scripted`` (the agent's policy),
+    ``openai-compatible`` or ``anthropic`` (base URL, model name and key variable from the
+    profile; ``latency_header`` and ``options`` go to the provider) or ``replay`` (the model
+    replies of ``recording``)."""
     ref = profile.model
     if ref.provider == SCRIPTED:
         return ScriptedModel(policy)
-    if ref.provider == OPENAI_COMPATIBLE:
-        tools = list(profile.catalog.tools.values())
-        return from_profile_model(
-            ref.base_url,
-            ref.name,
-            ref.api_key_env,
-            env,
-            tools,
+    if ref.provider in STREAMED:
+        base_url = ref.base_url or (ANTHROPIC_URL if ref.provider == ANTHROPIC else None)
+        if not base_url:
+            raise ProviderConfigError(
+                f"model {ref.name!r}: {ref.provider} needs a base URL", field="base_url"
+            )
+        return STREAMED[ref.provider](
+            base_url=base_url,
+            model=ref.name,
+            api_key=KeyRef(env=ref.api_key_env).resolve(env),
+            tools=list(profile.catalog.tools.values()),
             latency_header=latency_header,
             **options,
+        )
+    if ref.provider == ROUTES:
+        raise ProviderConfigError(
+            f"model {ref.name!r} is routed by a fleet's document (provider {ROUTES!r}); on one "
+            "machine name a provider instead (reins run --provider ... --base-url ...)",
+            field="provider",
         )
     if ref.provider == REPLAY:
         if recording is None:

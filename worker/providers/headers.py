@@ -1,7 +1,8 @@
 """What a provider's response headers say: rate limits, retry-after, reported latency.
 
-The quota gate (router) reads ``retry_after_s`` and the ``x-ratelimit-*`` headers from the
-reply; the provider only reports them and never sleeps on them.
+The quota gate (router) reads ``retry_after_s`` and the rate-limit headers (OpenAI's
+``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``) from the reply; the provider only
+reports them and never sleeps on them.
 """
 
 from __future__ import annotations
@@ -9,18 +10,23 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from email.utils import parsedate_to_datetime
 
 RATE_LIMIT_PREFIX = "x-ratelimit-"
+ANTHROPIC_PREFIX = "anthropic-ratelimit-"
 RETRY_HEADERS = ("retry-after-ms", "retry-after")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def rate_limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The ``x-ratelimit-*`` and retry-after headers seen (names lower-cased)."""
+    """The ``x-ratelimit-*``, ``anthropic-ratelimit-*`` and retry-after headers seen (names
+    lower-cased)."""
     return {
-        k: v for k, v in headers.items() if k.startswith(RATE_LIMIT_PREFIX) or k in RETRY_HEADERS
+        k: v
+        for k, v in headers.items()
+        if k.startswith((RATE_LIMIT_PREFIX, ANTHROPIC_PREFIX)) or k in RETRY_HEADERS
     }
 
 
@@ -39,8 +45,9 @@ def duration_s(text: str) -> float | None:
 
 def retry_after(headers: Mapping[str, str], rejected: bool) -> float | None:
     """Seconds to wait before asking again, from ``retry-after-ms``, then ``retry-after``
-    (seconds or an HTTP date); for a rejected call without either, the longest
-    ``x-ratelimit-reset-*`` (OpenAI sends those on a 429)."""
+    (seconds or an HTTP date); for a rejected call without either, the longest reset of its
+    rate-limit headers (``x-ratelimit-reset-*`` durations, ``anthropic-ratelimit-*-reset``
+    RFC 3339 times)."""
     if "retry-after-ms" in headers:
         ms = duration_s(headers["retry-after-ms"])
         if ms is not None:
@@ -61,7 +68,20 @@ def retry_after(headers: Mapping[str, str], rejected: bool) -> float | None:
         for k, v in headers.items()
         if k.startswith(RATE_LIMIT_PREFIX + "reset") and (d := duration_s(v)) is not None
     ]
+    resets += [
+        d
+        for k, v in headers.items()
+        if k.startswith(ANTHROPIC_PREFIX) and k.endswith("-reset") and (d := _until(v)) is not None
+    ]
     return max(resets) if resets else None
+
+
+def _until(stamp: str) -> float | None:
+    """Seconds from now to an RFC 3339 time; None if it is not one."""
+    try:
+        return max(datetime.fromisoformat(stamp.strip()).timestamp() - time.time(), 0.0)
+    except ValueError:
+        return None
 
 
 def latency_from(headers: Mapping[str, str], name: str | None) -> float | None:

@@ -1,7 +1,8 @@
 """Chat-completions answers, streamed or whole, folded into one normalised reply.
 
-:func:`sse_payloads` cuts an event stream into its ``data:`` payloads, :class:`Accumulator`
-folds chunks into the message so far, and :func:`finished` normalises a complete exchange.
+:func:`~worker.providers.sse.sse_payloads` cuts an event stream into its ``data:`` payloads
+(read up to ``data: [DONE]``), :class:`Accumulator` folds chunks into the message so far, and
+:func:`finished` normalises a complete exchange.
 Status rules (seed 004 table 4) for an exchange that ran to its end: an ``error`` object or a
 chunk that is not a chat-completion chunk is FAULTED; a ``refusal`` or ``finish_reason ==
 "content_filter"`` is REFUSED; ``"length"`` is TRUNCATED (what streamed is raw text, never
@@ -14,59 +15,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.amounts import Usage
 from kernel.events import ReplyStatus
+from worker.providers.sse import PARTIAL_CHARS, ProtocolError, StreamCut, sse_payloads
 from worker.providers.tools import ToolCallText, proposal
 
+__all__ = ["Accumulator", "ProtocolError", "StreamCut", "finished", "parse_usage", "sse_payloads"]
+
 DONE = "[DONE]"
-MAX_LINE = 1 << 20
-PARTIAL_CHARS = 4000  # a canceled or cut stream keeps this much for diagnosis
 COMPLETED_REASONS = frozenset({"stop", "tool_calls", "function_call"})
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n(.*)\n\s*```$", re.DOTALL)
-
-
-class ProtocolError(Exception):
-    """The far side sent something that is not the chat-completions protocol."""
-
-
-class StreamCut(Exception):
-    """The stream ended (EOF) before ``[DONE]``."""
-
-
-def sse_payloads(readline: Callable[[int], bytes]) -> Iterator[str]:
-    """Yield the ``data`` of each server-sent event until ``[DONE]`` (inclusive).
-
-    Raises :class:`StreamCut` at EOF before ``[DONE]`` and :class:`ProtocolError` for a line
-    that is not UTF-8 or is longer than ``MAX_LINE``. Comment lines (keep-alives) are skipped.
-    """
-    data: list[str] = []
-    while True:
-        raw = readline(MAX_LINE + 1)
-        if not raw:
-            raise StreamCut("the stream ended before [DONE]")
-        if len(raw) > MAX_LINE:
-            raise ProtocolError("an event-stream line is longer than 1 MiB")
-        try:
-            line = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-            raise ProtocolError("an event-stream line is not UTF-8") from None
-        if line == "":
-            if data:
-                payload = "\n".join(data)
-                data = []
-                yield payload
-                if payload.strip() == DONE:
-                    return
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        if name == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
 
 
 @dataclass
@@ -164,6 +125,10 @@ class Accumulator:
         """The bounded text of a stream that did not finish."""
         text = self.text()
         return text[:PARTIAL_CHARS] if text else None
+
+    def seen_usage(self) -> Usage | None:
+        """The usage reported so far (None: none, or none usable)."""
+        return parse_usage(self.usage)
 
 
 def error_text(error: Any) -> str:

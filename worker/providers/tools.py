@@ -1,6 +1,7 @@
 """Tools in the provider's format, and tool calls back into the kernel's proposal shape.
 
-The tool declarations of the agent (``ToolSpec``) are exported as OpenAI ``tools`` entries:
+The tool declarations of the agent (``ToolSpec``) are exported as OpenAI ``tools`` entries (or
+Anthropic's, the same schema as ``input_schema``):
 the argument schema is the spec's own JSON schema, plus an optional ``plan_step`` argument so a
 model can say which plan step a call carries out (the kernel keys idempotency by plan step).
 
@@ -40,6 +41,19 @@ def openai_tools(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
         if spec.description:
             function["description"] = spec.description
         out.append({"type": "function", "function": function})
+    return out
+
+
+def anthropic_tools(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
+    """The specs as Anthropic Messages ``tools`` (``{"name", "description", "input_schema"}``),
+    with the same schemas as :func:`openai_tools`."""
+    out: list[dict[str, Any]] = []
+    for tool in openai_tools(specs):
+        function = tool["function"]
+        entry = {"name": function["name"], "input_schema": function["parameters"]}
+        if "description" in function:
+            entry["description"] = function["description"]
+        out.append(entry)
     return out
 
 
