@@ -58,7 +58,8 @@ def memory_of(raw: Any, document: Mapping[str, Any]) -> MemoryConfig:
     tenants the document names; refuses anything else with :class:`ConfigError` naming the
     field."""
     tenants = document.get("tenants")
-    names = [t.get("name") for t in tenants if isinstance(t, Mapping)] if tenants else []
+    listed = tenants if isinstance(tenants, list) else []  # a malformed list is refused elsewhere
+    names = [t.get("name") for t in listed if isinstance(t, Mapping)]
     return memory_config(raw, [n for n in names if isinstance(n, str)])
 
 

@@ -8,9 +8,10 @@ turn: a router or worker died between the admission's compare-and-set and its cu
 worker gave the turn up after its commits failed. Such a turn is recovered within ``2 * after_s``
 plus one walk of the acting index. A turn a member still has in custody is left to it while its
 version moves (every step commits one, and no call outlasts ``REINS_MAX_TURN_S``): once it stood
-still for ``held_after_s`` while the member's queue is empty, its message was lost on the way (a
-broker connection cut mid-delivery) and it is recovered; while the queue has work, the message may
-still wait there, and only ``slow_after_s`` (twice the visibility timeout) recovers it. Two routers
+still for ``held_after_s`` since the member's queue was last seen with work in it, its message was
+lost on the way (a broker connection cut mid-delivery) and it is recovered; while the queue has
+work, the message may still wait there, and only ``slow_after_s`` (twice the visibility timeout)
+recovers it. Two routers
 recover a turn once. Design: ``docs/adr/0008-turn-recovery.md``.
 """
 
@@ -37,6 +38,7 @@ class _Watch:
     version: int | None  # None until the record was first read
     check_at: float  # when to read it again
     lap: int = 0  # the cursor's walk it was last seen in
+    busy_at: float = 0.0  # when a holder's queue was last seen with work in it
 
 
 @dataclass
@@ -104,7 +106,7 @@ class StrandedTurns:
                 watch.since, watch.version, watch.check_at = now, rec.record_version, now
                 watch.check_at += self.after_s
                 return False
-            if now - watch.since < self._bound(rec):
+            if not self._stood_still(rec, watch, now):
                 watch.check_at = now + self.after_s
                 return False
             return self.api.recover(rec)
@@ -113,17 +115,30 @@ class StrandedTurns:
             watch.check_at = now + self.after_s
             return False
 
-    def _bound(self, rec: TrajectoryRecord) -> float:
-        """How long ``rec``'s version may stand still before its turn counts as stranded."""
+    def _stood_still(self, rec: TrajectoryRecord, watch: _Watch, now: float) -> bool:
+        """True when ``rec``'s version has stood still for longer than its turn may take.
+
+        While a holder's queue has work, the turn's message may wait there: only ``slow_after_s``
+        counts it stranded. Once the queue empties, the turn began at the earliest when the
+        queue was last seen busy, so ``held_after_s`` is counted from then, not from when the
+        version was first seen (a turn that waited behind others is not taken for lost the
+        moment it starts).
+        """
+        holders = self._holders(rec)
+        if not holders:
+            return now - watch.since >= self.after_s
+        if any(self.queued(member) != 0 for member in holders):
+            watch.busy_at = now
+            return now - watch.since >= self.slow_after_s
+        began = max(watch.since, watch.busy_at)
+        return now - began >= max(self.held_after_s, self.after_s)
+
+    def _holders(self, rec: TrajectoryRecord) -> list[str]:
+        """The members whose custody names ``rec``'s current turn (none without custody)."""
         if self.custody is None:
-            return self.after_s
-        holders = [
+            return []
+        return [
             member
             for member, entry in self.custody.naming(rec.tenant, rec.trajectory_id)
             if entry.in_turn(rec)
         ]
-        if not holders:
-            return self.after_s
-        if all(self.queued(member) == 0 for member in holders):
-            return max(self.held_after_s, self.after_s)
-        return self.slow_after_s

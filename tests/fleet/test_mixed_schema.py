@@ -1,13 +1,13 @@
 """Mixed versions during a rolling deploy: an older and a newer record schema side by side.
 
-The newer build is simulated by :class:`NextBuildStore`: the same records, stored under schema
-version 4, which it reads along with version 3 (a build that migrates on write). The router is
-of the newer build (routers deploy first); of the two workers, ``w1`` is of the older build
-(this code as it is: it writes version 3) and ``w2`` of the newer. Half the jobs are submitted
-before the router switched builds (version 3 records), half after (version 4).
+The newer build is simulated by :class:`NextBuildStore`: the same records, stored under the
+next schema version (N+1), which it reads along with this build's N (a build that migrates on
+write). The router is of the newer build (routers deploy first); of the two workers, ``w1`` is
+of the older build (this code as it is: it writes version N) and ``w2`` of the newer. Half the
+jobs are submitted before the router switched builds (version N records), half after (N+1).
 
-``w1`` refuses every version-4 record it is sent without changing a byte of it and hands the
-turn back; the router sends the turn on to ``w2``, never back to ``w1``; version-3 records keep
+``w1`` refuses every version-N+1 record it is sent without changing a byte of it and hands the
+turn back; the router sends the turn on to ``w2``, never back to ``w1``; version-N records keep
 running on ``w1``; every trajectory ends ``done`` with one refund and one email.
 """
 
@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from kernel.errors import SnapshotNotFound
-from kernel.record import TrajectoryRecord
+from kernel.record import SCHEMA_VERSION, TrajectoryRecord
 from kernel.states import StopReason
 from router.placement.membership import Membership
 from router.wire.turns import TurnMessage
@@ -30,11 +30,13 @@ from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from worker.turn import TurnRunner
 
 pytestmark = pytest.mark.redis
-CURRENT, NEXT = b'{"schema_version":4,', b'{"schema_version":5,'
+#: This build's schema version and the next build's, as each begins a stored record.
+CURRENT = b'{"schema_version":%d,' % SCHEMA_VERSION
+NEXT = b'{"schema_version":%d,' % (SCHEMA_VERSION + 1)
 
 
 class NextBuildStore(RedisStore):
-    """The store as the next build sees it: writes schema version 4, reads versions 3 and 4."""
+    """The store as the next build sees it: writes schema version N+1, reads N and N+1."""
 
     def apply(self, commit: Commit) -> int:
         assert commit.snapshot.startswith(CURRENT)
@@ -73,7 +75,7 @@ def test_an_older_worker_hands_back_a_newer_record_unchanged_and_it_finishes_els
     assert all(newer.raw("acme", t)[1].startswith(NEXT) for t in new_ids)
 
     runners = {
-        "w1": inproc.runner,  # the older build: the store as it is, version 3
+        "w1": inproc.runner,  # the older build: the store as it is, version N
         "w2": TurnRunner(store=newer, tools=inproc.runner.tools, feed=inproc.feed, worker="w2"),
     }
     handed_back: Counter[str] = Counter()
@@ -93,11 +95,11 @@ def test_an_older_worker_hands_back_a_newer_record_unchanged_and_it_finishes_els
                 assert report.advanced == 0
                 handed_back[msg.trajectory_id] += 1
             elif member == "w1":
-                assert before[1].startswith(CURRENT), "w1 only ever carries out version-3 records"
+                assert before[1].startswith(CURRENT), "w1 only ever carries out version-N records"
     else:
         raise AssertionError("the fleet did not go quiet")
 
-    assert handed_back, "some version-4 turn was placed on the older worker"
+    assert handed_back, "some version-N+1 turn was placed on the older worker"
     assert set(handed_back) <= set(new_ids) | set(old_ids)
     records = [newer.load("acme", t) for t in old_ids + new_ids]
     assert [r.stop_reason for r in records] == [StopReason.DONE] * 16

@@ -1,13 +1,13 @@
 """A record-schema upgrade in the chart's documented order loses nothing.
 
-Two builds: the older one writes and reads record schema version 2 (this code as it is); the
-newer one (:class:`NextBuildStore`) writes version 3 and reads both. The chart's order
+Two builds: the older one writes and reads record schema version N (this code as it is); the
+newer one (:class:`NextBuildStore`) writes version N+1 and reads both. The chart's order
 (README, "Drain, crashes and rolling deploys"; ``worker.imageTag``): step 1 moves the routers
 (and the API) to the newer build while the workers are held at the older one; step 2 moves
 the workers. Jobs are submitted before the upgrade, between the steps and after it; some are
 mid-run when each step lands.
 
-Between the steps every turn an older worker is sent is of a version-3 record: it hands each
+Between the steps every turn an older worker is sent is of a version-N+1 record: it hands each
 back without changing a byte, so nothing runs and nothing is lost. After step 2 every
 trajectory ends ``done`` with exactly one refund and one email for its order.
 """
@@ -73,7 +73,7 @@ def test_routers_first_then_workers_loses_nothing(
     api = service.api()
     ids += [api.submit("acme", refund_job(o)).trajectory_id for o in orders[EACH : 2 * EACH]]
     handed_back = sum(cycle(inproc, runners, newer) for _ in range(6))
-    assert handed_back > 0, "the older workers were sent version-3 records"
+    assert handed_back > 0, "the older workers were sent version-N+1 records"
     records = [newer.load("acme", t) for t in ids]
     assert not any(r.stop_reason is not None for r in records), "nothing ran, nothing ended"
 

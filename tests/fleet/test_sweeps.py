@@ -118,3 +118,34 @@ def test_a_ready_trajectory_past_its_wall_clock_ends_without_an_admission(
     ended = inproc.load("acme", tid)
     assert ended.stop_reason is StopReason.WALL_CLOCK and ended.state is S.FAILED
     assert not inproc.service.dispatcher.admitter.is_queued(tid), "its queue entry withdrawn"
+
+
+def test_a_turn_that_waited_behind_a_busy_queue_gets_its_whole_hold_once_the_queue_empties(
+    inproc: InProcessFleet,
+) -> None:
+    oid = seed_orders(inproc.client, inproc.prefix, 1430, 1)[0]
+    tid = inproc.api.submit("initech", refund_job(oid)).trajectory_id
+    inproc.cycle()
+    (msg,) = inproc.take()  # held by w1, whose queue we report below
+    depth = {"w1": 12}
+    clock = ManualClock()
+    sweep = StrandedTurns.over(
+        inproc.api,
+        TENANTS,
+        custody=inproc.custody,
+        after_s=2.0,
+        slow_after_s=600.0,
+        held_after_s=6.0,
+        clock=clock,
+        queued=depth.get,
+    )
+    for now in (0.0, 2.0, 4.0, 6.0, 8.0):  # the message waits behind twelve others
+        clock.set(now)
+        assert sweep.sweep() == []
+    depth["w1"] = 0  # the queue emptied: the turn began at the earliest at 8.0
+    for now in (10.0, 12.0):
+        clock.set(now)
+        assert sweep.sweep() == [], "a turn that just began is not taken for lost"
+    assert inproc.load("initech", tid).record_version == msg.version
+    clock.set(14.0)  # the hold, counted from when the queue was last seen busy
+    assert sweep.sweep() == [tid]
