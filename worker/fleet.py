@@ -142,7 +142,7 @@ class FleetWorker:
             custody=custody,
             observer=observer,
             leases=self.leases,
-            follow_on=self._follow_on(gates, custody, observer),
+            follow_on=self._follow_on(gates, custody, observer, source),
             max_call_s=settings.max_turn_s,
             look_first=settings.look_up_before_write,
             tool_gates=ToolGates(
@@ -166,9 +166,14 @@ class FleetWorker:
         self._figures = threading.Lock()
 
     def _follow_on(
-        self, gates: RedisGates, custody: Custody, observer: TurnObserver | None
+        self,
+        gates: RedisGates,
+        custody: Custody,
+        observer: TurnObserver | None,
+        document: ConfigSource,
     ) -> FollowOn | None:
-        """Follow-on turns (:mod:`worker.follow_on`) through the shared admitter, if configured."""
+        """Follow-on turns (:mod:`worker.follow_on`) through the shared admitter, configured by
+        the fleet's ``document`` as the routers are."""
         return FollowOn.configured(
             self.settings,
             worker=self.name,
@@ -179,6 +184,7 @@ class FleetWorker:
             feed=self.feed,
             draining=self._draining.is_set,
             observer=observer,
+            document=document,
         )
 
     # --- the task ------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from router.admission.redis.admitter import RedisAdmitter
 from router.admission.redis.gates import RedisGates
 from router.admission.tenants import AdmissionConfig
 from router.fleet.commits import commit
+from router.fleet.config import ConfigSource
 from router.fleet.observe import AdmissionObserver
 from router.wire.custody import Custody
 from router.wire.feed import Feed, admission_entry
@@ -59,7 +60,7 @@ class FollowOn:
         worker: str,
         client: redis.Redis,
         store: RedisStore,
-        admitter: RedisAdmitter,
+        admitter: RedisAdmitter | None,
         gates: RedisGates,
         custody: Custody,
         feed: Feed,
@@ -67,9 +68,13 @@ class FollowOn:
         draining: Callable[[], bool],
         clock: Callable[[], float] = time.time,
         observer: AdmissionObserver | None = None,
+        document: ConfigSource | None = None,
     ) -> None:
         self.worker, self.store, self.admitter, self.gates = worker, store, admitter, gates
         self.client = client
+        # The fleet's document, followed version by version (None: ``admitter`` is fixed).
+        self.document = document
+        self._version: int | None = None  # the document's version the admitter was set to
         self.custody, self.feed, self.max_task_s = custody, feed, max_task_s
         self.draining, self.clock = draining, clock
         self.observer = observer or AdmissionObserver()
@@ -90,17 +95,28 @@ class FollowOn:
         feed: Feed,
         draining: Callable[[], bool],
         observer: AdmissionObserver | None = None,
+        document: ConfigSource | None = None,
     ) -> FollowOn | None:
-        """The chain of a worker with ``settings``: None when ``REINS_FOLLOW_ON_TURNS`` is 0, no
-        tenant file is named, or the shared admitter holds another configuration (logged)."""
-        if settings.follow_on_turns <= 0 or not settings.tenants_file:
+        """The chain of a worker with ``settings``: None when ``REINS_FOLLOW_ON_TURNS`` is 0.
+
+        The shared admitter admits by the fleet's document (``document``, or one read from
+        ``client``), as every router does, and follows its versions; a tenants file, when one
+        is named (a router of its own, the tests' in-process fleets), fixes it instead. None
+        when that file is refused (logged).
+        """
+        if settings.follow_on_turns <= 0:
             return None
-        try:
-            config = AdmissionConfig.from_file(settings.tenants_file)
-            admitter = RedisAdmitter(client, config, prefix=settings.key_prefix, gates=gates)
-        except ReinsError as exc:
-            log.warning("%s admits no follow-on turns: %s", worker, exc)
-            return None
+        admitter = None
+        if settings.tenants_file:
+            try:
+                config = AdmissionConfig.from_file(settings.tenants_file)
+                admitter = RedisAdmitter(client, config, prefix=settings.key_prefix, gates=gates)
+            except ReinsError as exc:
+                log.warning("%s admits no follow-on turns: %s", worker, exc)
+                return None
+            document = None
+        elif document is None:
+            document = ConfigSource(client, settings.key_prefix)
         return cls(
             worker=worker,
             client=client,
@@ -112,6 +128,7 @@ class FollowOn:
             max_task_s=settings.visibility_timeout_s / 2,
             draining=draining,
             observer=observer,
+            document=document,
         )
 
     def may_follow_on(self, msg: TurnMessage, task_began: float) -> bool:
@@ -147,11 +164,15 @@ class FollowOn:
         The result's commands may end the run or hold it (the kernel decided that at
         admission); the caller carries them out as a turn's own.
         """
+        admitter = self._admitter_now()
+        if admitter is None:  # no document applied yet: the routers admit it
+            self._count(passed=1)
+            return None
         entry = ready.returning(msg.route or None)  # the route its admission checked
         settle = NO_SETTLEMENT
         if msg.lease and msg.route:
             settle = GateSettlement(msg.route, msg.lease, used_tokens)
-        _, claim = self.admitter.claim_returning(entry, settle=settle)
+        _, claim = admitter.claim_returning(entry, settle=settle)
         if claim is None:
             self._count(passed=1)
             return None
@@ -175,7 +196,7 @@ class FollowOn:
             self._count(passed=1)
             return None
         if not commands:  # the kernel ended the run or held it at admission: no turn to run
-            self.admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
+            admitter.withdraw(rec.trajectory_id)  # its debit released with the claim
             self.custody.release(self.worker, rec.tenant, rec.trajectory_id, msg.version)
             return result, nxt
         if ran:
@@ -184,6 +205,41 @@ class FollowOn:
             self._confirm_claim(claim, now)
         self._count(admitted=1)
         return result, nxt
+
+    def _admitter_now(self) -> RedisAdmitter | None:
+        """The shared admitter by the fleet's document as it stands (looked at again at most
+        every refresh of the source): built at the first version seen, reconfigured at each
+        later one. None while no document was applied, or while it cannot be read (logged;
+        the READY turn is left to a router, which reads the same document)."""
+        if self.document is None:
+            return self.admitter
+        try:
+            fleet = self.document.peek()
+        except (ReinsError, redis.RedisError) as exc:
+            log.warning("%s left a follow-on turn to the routers: %s", self.worker, exc)
+            return None
+        if fleet is None:
+            return None
+        with self._lock:
+            if fleet.version != self._version:
+                if self.admitter is None:
+                    self.admitter = RedisAdmitter(
+                        self.client,
+                        fleet.admission,
+                        prefix=self.gates.prefix,
+                        gates=self.gates,
+                        version=fleet.version,
+                    )
+                else:
+                    self.admitter.reconfigure(fleet.admission, fleet.version)
+                self._version = fleet.version
+            return self.admitter
+
+    def _shared(self) -> RedisAdmitter:
+        """The shared admitter :meth:`admit` found (it returns early without one)."""
+        if self.admitter is None:  # pragma: no cover - admit() checked it
+            raise StoreError("follow-on turns have no admitter yet")
+        return self.admitter
 
     def _commit_admission(
         self,
@@ -213,7 +269,7 @@ class FollowOn:
         if confirm is not None:
             claim, now = confirm
             figures = self.feed.admission_figures(self._entry(claim, now))
-            command, finish = self.admitter.confirm_committed(
+            command, finish = self._shared().confirm_committed(
                 claim, self.store.commit_mark(prepared), figures
             )
             after.append(command)
@@ -240,7 +296,7 @@ class FollowOn:
         """Commit the claim and record the admission for the figures, in a round trip of
         their own."""
         pipe = direct_batch(self.client)
-        confirmed = self.admitter.confirm_on(pipe, claim)
+        confirmed = self._shared().confirm_on(pipe, claim)
         self.feed.record_admissions([self._entry(claim, now)], pipeline=pipe)
         replies = pipe.execute(raise_on_error=False)
         for reply in replies[1:]:
@@ -284,7 +340,7 @@ class FollowOn:
 
     def _decline(self, claim: Claim) -> None:
         try:
-            self.admitter.decline(claim)
+            self._shared().decline(claim)
         except ReinsError as exc:  # reaped meanwhile: the reconciler requeued it already
             log.warning("could not decline claim %s: %s", claim.claim_id, exc)
 

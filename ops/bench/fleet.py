@@ -31,6 +31,7 @@ from kernel.errors import InvalidInput
 from kernel.settings import Settings
 from kernel.states import TERMINAL, StopReason
 from ops.local.fleet import LocalFleet, process_cpu_s, wait_for
+from router.fleet import config as fleet_config
 from router.process.service import SEND_BURST, RouterOptions, RouterService
 from router.process.submit import RouterApi
 from router.wire.amqp import delete_queues
@@ -122,13 +123,15 @@ def run(quick: bool = False, broker: str = "redis") -> dict[str, Any]:
     store_client = redis.Redis.from_url(base.redis_url)
     broker_client = store_client if amqp else redis.Redis.from_url(base.broker_url)
     with tempfile.TemporaryDirectory(prefix="reins-bench-fleet-") as tmp:
-        tenants = Path(tmp) / "tenants.toml"
-        tenants.write_text(_tenants_toml())
+        document = Path(tmp) / "fleet.toml"
+        document.write_text(_document_toml())
+        # As the chart and `reins up` configure a fleet: the document in Redis, no tenants
+        # file, so every router and worker (follow-on turns too) reads it.
+        version = fleet_config.apply(store_client, prefix, fleet_config.read_file(document))
         env = {
             "REINS_KEY_PREFIX": prefix,
             "REINS_REDIS_URL": base.redis_url,
             "REINS_BROKER_URL": base.broker_url,
-            "REINS_TENANTS_FILE": str(tenants),
             "REINS_WORKER_CONCURRENCY": "192",
             "REINS_HEARTBEAT_INTERVAL_S": "0.5",
         }
@@ -139,9 +142,10 @@ def run(quick: bool = False, broker: str = "redis") -> dict[str, Any]:
             for r in ("r1", "r2"):
                 fleet.start("router", r, "--log-level", "WARNING")
             fleet.wait_ready(list(WORKERS), ["r1", "r2"])
-            settings = base.model_copy(update={"key_prefix": prefix, "tenants_file": str(tenants)})
+            settings = base.model_copy(update={"key_prefix": prefix, "tenants_file": ""})
             return {
                 "broker": broker_kind(base.broker_url).value,
+                "configured_by": f"fleet document v{version}",
                 **_phases(settings, store_client, broker_client, fleet, quick),
             }
         finally:
@@ -164,7 +168,7 @@ def _phases(
 ) -> dict[str, Any]:
     service = RouterService(
         settings,
-        RouterOptions(name="bench", tenants_file=settings.tenants_file),
+        RouterOptions(name="bench", tenants_file=""),
         client=client,
         sender=lambda member, payload: None,
     )
@@ -365,12 +369,14 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
 
 
-def _tenants_toml() -> str:
+def _document_toml() -> str:
+    """The fleet's document: three tenants weighted 3:2:1, each listing the bench's agents."""
+    agents = '["ops.bench.fleet:fast_agent", "ops.bench.fleet:slow_agent"]'
     blocks = [
         "quantum_tokens = 4000\ncredit_cap_tokens = 40000\n",
         *(
             f'[[tenants]]\nname = "{name}"\nweight = {w}\nmax_ready = 100000\n'
-            "largest_call_tokens = 20000\n"
+            f"largest_call_tokens = 20000\nagents = {agents}\n"
             for name, w in zip(TENANTS, (3, 2, 1), strict=True)
         ),
     ]

@@ -34,4 +34,8 @@ def test_quick_run_reports_every_figure(redis_client: redis.Redis) -> None:
     assert result["unfinished"] == 0 and result["workers"] == 2 and result["routers"] == 2
     assert result["latency_concurrent_trajectories"] == 200
     assert 0 <= result["follow_on_share"] <= 1 and 0 <= result["follow_on_share_latency"] <= 1
+    # Configured as deployed (the document, no tenants file), the workers admit follow-on
+    # turns: uncontended fast runs take most of their turns that way.
+    assert result["configured_by"].startswith("fleet document")
+    assert result["follow_on_share"] > 0, "follow-on turns by the fleet's document"
     assert not list(redis_client.scan_iter(match="reins-bench-*", count=1000)), "keys cleaned"

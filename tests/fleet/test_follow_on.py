@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+import tomllib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,21 @@ import pytest
 import redis
 
 from examples.support_store.state import RedisState
+from kernel.settings import Settings
 from kernel.states import LifecycleState, StopReason
 from router.admission.gates import GateConfig
 from router.admission.redis.admitter import RedisAdmitter
 from router.admission.redis.claims import store_readiness
 from router.admission.redis.gates import RedisGates
 from router.admission.tenants import AdmissionConfig
+from router.fleet import config as fleet_config
+from router.fleet.config import ConfigSource
+from router.wire.custody import Custody
+from router.wire.feed import Feed
+from store.redis_store import RedisStore
+from tests.conftest import REDIS_URL
 from tests.fleet.conftest import ROUTE
+from tests.fleet.documents import fleet_document
 from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
 from tests.fleet.processes import effects_by_order, order_of
 from tests.support import ManualClock
@@ -268,3 +277,38 @@ def test_a_guarded_confirmation_answered_in_error_is_confirmed_on_its_own(
     assert sum(n for n, _ in admitter.admitted()) == rec.turn, "every admission in the books"
     gates = RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix)
     assert gates.reading(ROUTE).leases == 0, "every turn's gate lease was settled"
+
+
+def test_without_a_tenants_file_follow_on_turns_admit_by_the_fleet_document(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """As the chart deploys a worker: no tenants file, the document in Redis. Until one is
+    applied the worker leaves READY turns to the routers; then it admits by the document and
+    follows its next version."""
+    settings = Settings.from_env(
+        {"REINS_KEY_PREFIX": key_prefix, "REINS_REDIS_URL": REDIS_URL, "REINS_FOLLOW_ON_TURNS": "8"}
+    )
+    follow_on = follow_on_module.FollowOn.configured(
+        settings,
+        worker="w1",
+        client=redis_client,
+        store=RedisStore(redis_client, prefix=key_prefix),
+        gates=RedisGates(redis_client, GateConfig(routes={}), prefix=key_prefix),
+        custody=Custody(redis_client, key_prefix),
+        feed=Feed(redis_client, key_prefix),
+        draining=lambda: False,
+        document=ConfigSource(redis_client, key_prefix, refresh_s=0),
+    )
+    assert follow_on is not None, "a worker without a tenants file still admits follow-ons"
+    assert follow_on._admitter_now() is None, "no document yet: the routers admit"
+
+    def weights() -> dict[str, int]:
+        admitter = follow_on._admitter_now()
+        assert admitter is not None
+        return {t.name: t.weight for t in admitter.config.tenants}
+
+    fleet_config.apply(redis_client, key_prefix, tomllib.loads(fleet_document({"acme": 3})))
+    assert weights() == {"acme": 3}
+    doc = fleet_document({"acme": 1, "globex": 2})
+    fleet_config.apply(redis_client, key_prefix, tomllib.loads(doc))
+    assert weights() == {"acme": 1, "globex": 2}, "the next version reconfigures it"
