@@ -3,7 +3,8 @@
 An event proposes an edge; the guard, evaluated against the record at that moment, decides
 whether it fires (seed 004 listing 1). An edge without a guard is refused by default. A
 decision formed on an older ``record_version`` is refused as stale. Terminal states absorb,
-every exit passes FINALIZING, and nothing goes from an acting state straight to a terminal one.
+every exit passes FINALIZING, and nothing goes from an acting state straight to a terminal one;
+only a model call's reply may stop a run ``done`` (no tool result or wait completes it).
 """
 
 from __future__ import annotations
@@ -127,6 +128,10 @@ def _pause_entry(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
 def _stop(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
     if d.stop is None:
         return "a stop needs a stop reason"
+    if d.stop is StopReason.DONE and rec.state is not S.CALLING_MODEL:
+        # Seed 001 3.2: acting -> completed is illegal. An answer exists only once a model
+        # step has observed what the tools returned: a run completes on a model's reply.
+        return f"done is a model reply's: a run in {rec.state.value} cannot complete"
     return None
 
 

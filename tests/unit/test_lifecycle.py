@@ -5,7 +5,8 @@ guard for every edge, pause only from READY). The properties drive ``transition`
 (target, cause, stop, version) requests from every state, with random pending controls, clocks
 and admissions that refuse, and check what the code does: a refused request leaves the record
 byte for byte as it was, a terminal state is entered only from FINALIZING with a stop reason,
-nothing goes from an acting state straight to a terminal one, and a terminal state absorbs.
+nothing goes from an acting state straight to a terminal one, only a model call's reply stops a
+run ``done`` (seed 001 3.2), and a terminal state absorbs.
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ def test_random_requests_from_every_state_keep_the_lifecycle_invariants(
             assert target not in TERMINAL, (source, target)
         if target is S.FINALIZING:
             assert rec.stop_reason is not None, "FINALIZING entered with no stop reason"
+            if rec.stop_reason is StopReason.DONE:  # seed 001 3.2: acting -> completed
+                assert source is S.CALLING_MODEL, f"done decided in {source}: {path}"
 
 
 @settings(max_examples=200, deadline=None)
@@ -170,7 +173,12 @@ def test_a_greedy_walk_from_ready_ends_only_through_finalizing_with_its_stop(
     """Each request tries the exits first (terminal states, then FINALIZING, then the live
     states), so any shortcut to an end is taken; a closing stop and finish end every walk."""
     rec, seen = make(), [S.READY]
-    closing = [(Cause.STOP, StopReason.DONE), (Cause.FINISH, None)]
+    # done ends a walk standing in CALLING_MODEL; anywhere else it is refused and cancel ends it
+    closing = [
+        (Cause.STOP, StopReason.DONE),
+        (Cause.STOP, StopReason.CANCELED),
+        (Cause.FINISH, None),
+    ]
     for i, (cause, stop) in enumerate([*steps, *closing]):
         for target in (*sorted(TERMINAL), S.FINALIZING, *sorted(LIVE)):
             try:
@@ -291,3 +299,26 @@ def test_finalizing_needs_a_stop_and_terminal_matches_it() -> None:
         )
     transition(rec, S.FAILED, Decision(decision_id="f", seen_version=2, cause=Cause.FINISH), 0)
     assert rec.state is S.FAILED and rec.stop_reason is StopReason.MAX_STEPS
+
+
+@pytest.mark.parametrize("state", sorted(LIVE - {S.CALLING_MODEL}))
+def test_done_is_refused_from_every_state_but_a_model_call(state: S) -> None:
+    """Seed 001 3.2: no tool result, wait, pause or admission completes a run; the table
+    refuses it, whatever the call site asks, and any other stop still leaves."""
+    rec = placed(state, None)
+    before = rec.to_json()
+    with pytest.raises(IllegalTransition, match="cannot complete"):
+        done = Decision("d1", rec.record_version, Cause.STOP, StopReason.DONE)
+        transition(rec, S.FINALIZING, done, 0.0)
+    assert rec.to_json() == before
+    failed = Decision("d2", rec.record_version, Cause.STOP, StopReason.FAILED)
+    transition(rec, S.FINALIZING, failed, 0.0)
+    assert rec.stop_reason is StopReason.FAILED
+
+
+def test_done_from_a_model_call_completes() -> None:
+    rec = placed(S.CALLING_MODEL, None)
+    v = rec.record_version
+    transition(rec, S.FINALIZING, Decision("d1", v, Cause.STOP, StopReason.DONE), 0.0)
+    transition(rec, S.COMPLETED, Decision("d2", v + 1, Cause.FINISH), 0.0)
+    assert rec.state is S.COMPLETED
