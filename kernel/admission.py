@@ -14,7 +14,7 @@ from kernel.context import MISFIT_STOP, Draft
 from kernel.errors import AdmissionRefused
 from kernel.events import CallModel
 from kernel.fastmodel import construct
-from kernel.lifecycle import Cause, transition
+from kernel.lifecycle import Cause, time_left, transition
 from kernel.progress import signature
 from kernel.record import EscalationStage, Operation, OpKind, TrajectoryRecord
 from kernel.render import render
@@ -123,6 +123,6 @@ def admit(draft: Draft) -> None:
             attempt_id=attempt,
             view=view,
             max_output_tokens=cap,
-            timeout_s=round(budget.deadline_s - rec.active_s, 6),
+            timeout_s=time_left(rec, draft.now),
         )
     )

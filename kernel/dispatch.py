@@ -14,7 +14,7 @@ from kernel.context import MISFIT_STOP, Draft
 from kernel.errors import AdmissionRefused
 from kernel.events import DispatchTool
 from kernel.fastmodel import construct
-from kernel.lifecycle import Cause, transition
+from kernel.lifecycle import Cause, clock_stop, time_left, transition
 from kernel.progress import digest
 from kernel.record import Operation, OpKind, TrajectoryRecord
 from kernel.states import LifecycleState
@@ -73,6 +73,10 @@ def dispatch(
     fit the budget registers nothing and ends the run with the matching stop.
     """
     rec = draft.rec
+    ran_out = clock_stop(rec, draft.now)
+    if ran_out is not None:  # no call is sent once a clock has run out (seed 004 10.9.1)
+        draft.stop(ran_out, f"{len(calls)} tool calls not sent: the {ran_out.value} ran out")
+        return
     planned = _operations(draft, calls, keys)
     try:
         if cause is None:
@@ -86,7 +90,7 @@ def dispatch(
     wait_s = draft.ctx.agent.wait.deadline_s
     if cause is not None and wait_s is not None:
         rec.wait_deadline = draft.now + wait_s
-    timeout = round(rec.budget.deadline_s - rec.active_s, 6)
+    timeout = time_left(rec, draft.now)
     for op, (spec, _args, _step) in zip(planned, calls, strict=True):
         draft.commands.append(
             construct(

@@ -16,7 +16,7 @@ from kernel.context import MISFIT_STOP, Draft
 from kernel.dispatch import Call, call_key, dispatch, refusal, same_effect
 from kernel.errors import IllegalTransition, UnknownReference
 from kernel.events import HoldForApproval, ModelReplied, ReplyStatus
-from kernel.lifecycle import Cause
+from kernel.lifecycle import Cause, clock_stop
 from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import digest, fingerprint
 from kernel.record import (
@@ -53,8 +53,9 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
     op.eligible = False
     if over is not NOTHING and _stopped_by_overrun(draft, over):
         return
-    if ev.timed_out or rec.active_s >= rec.budget.deadline_s:
-        draft.stop(StopReason.DEADLINE)
+    ran_out = clock_stop(rec, draft.now)
+    if ev.timed_out or ran_out is not None:  # its timeout was the time left on the clocks
+        draft.stop(ran_out or StopReason.DEADLINE)
         return
     if rec.scratchpad is not None and compaction.took_reply(draft, ev):
         return

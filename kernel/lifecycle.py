@@ -101,6 +101,24 @@ def clock_refusal(rec: TrajectoryRecord, now: float) -> str | None:
     return None
 
 
+def clock_stop(rec: TrajectoryRecord, now: float) -> StopReason | None:
+    """The stop of the first clock that ran out at ``now`` (the wall clock's first), or None."""
+    if now - rec.submitted_at >= rec.budget.wall_clock_s:
+        return StopReason.WALL_CLOCK
+    if rec.active_s >= rec.budget.deadline_s:
+        return StopReason.DEADLINE
+    return None
+
+
+def time_left(rec: TrajectoryRecord, now: float) -> float:
+    """The smallest remaining allowance of the two clocks at ``now``, in seconds (six places):
+    every call's timeout, so no call runs past the end of either (seed 000: "the remaining
+    time becomes the timeout")."""
+    budget = rec.budget
+    wall = budget.wall_clock_s - (now - rec.submitted_at)
+    return round(min(budget.deadline_s - rec.active_s, wall), 6)
+
+
 def _clocks(rec: TrajectoryRecord, d: Decision, now: float) -> str | None:
     return clock_refusal(rec, now)
 
@@ -157,7 +175,7 @@ GUARDS: dict[tuple[S, S], Guard] = {
     (S.READY, S.CALLING_MODEL): _all(_cause(Cause.ADMIT), _admission),
     (S.READY, S.PAUSED): _all(_cause(Cause.PAUSE), _pause_entry),
     (S.CALLING_MODEL, S.READY): _cause(Cause.REPLY_OBSERVE, Cause.WITHDRAWN),
-    (S.CALLING_MODEL, S.WAITING_TOOL): _all(_cause(Cause.REPLY_TOOLS), _no_pending),
+    (S.CALLING_MODEL, S.WAITING_TOOL): _all(_cause(Cause.REPLY_TOOLS), _no_pending, _clocks),
     (S.CALLING_MODEL, S.AWAITING_APPROVAL): _all(_cause(Cause.REPLY_APPROVAL), _no_pending),
     (S.WAITING_TOOL, S.READY): _cause(Cause.WAIT_SATISFIED, Cause.WITHDRAWN),
     (S.AWAITING_APPROVAL, S.WAITING_TOOL): _all(_cause(Cause.APPROVED), _no_pending, _clocks),

@@ -24,6 +24,7 @@ from kernel.context import MISFIT_STOP, Draft
 from kernel.errors import AdmissionRefused, UnknownReference
 from kernel.events import DispatchTool
 from kernel.events import ToolResulted as ToolResultEvent
+from kernel.lifecycle import time_left
 from kernel.record import Operation, OpKind, OpStatus, StepStatus
 from kernel.render import bound_result
 from kernel.states import LIVE, LifecycleState, StopReason
@@ -210,13 +211,12 @@ def resolve_unknown(draft: Draft, op: Operation, spec: ToolSpec, looked_up: bool
     blindly; a read (no effect to duplicate) is simply sent again under the same key."""
     rec = draft.rec
     op.status = OpStatus.UNKNOWN  # the reservation stays until evidence settles it
-    time_left = rec.active_s < rec.budget.deadline_s
+    timeout = time_left(rec, draft.now)
     rule = spec.on_unknown if spec.kind is ToolKind.WRITE else OnUnknown.RESEND
-    if rule is OnUnknown.STOP or not time_left:
+    if rule is OnUnknown.STOP or timeout <= 0:  # nothing is re-sent once a clock ran out
         draft.stop(StopReason.UNKNOWN_OUTCOME, f"{spec.name} under key {op.idempotency_key}")
         return
     attempt = f"{op.call_id}/a{len(op.attempts) + 1}"
-    timeout = round(rec.budget.deadline_s - rec.active_s, 6)
     if rule is OnUnknown.LOOKUP and not looked_up:
         owed.send_lookup(draft, op, attempt, spec.name)
         return

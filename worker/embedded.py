@@ -5,6 +5,10 @@ the latencies the model and the tools report, so runs are deterministic and fast
 when the trajectory ends, or when it is suspended (held for approval, paused): ``resume`` then
 carries on from the record, exactly as a fleet worker would from the store. A run that ends
 owing (a write whose outcome is unknown) is reconciled here before ``run`` returns.
+
+The runner carries a plan's fan-out out one call after another, so a call may start later than
+the kernel decided it: each starts with its timeout cut to the time the clocks have left then,
+and one whose run has ended or whose clocks ran out meanwhile is not sent (its result says so).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from kernel.events import (
     ToolResulted,
 )
 from kernel.fastmodel import construct
+from kernel.lifecycle import time_left
 from kernel.owed import MAX_LOOKUPS
 from kernel.record import TrajectoryRecord
 from kernel.states import LIVE
@@ -140,6 +145,11 @@ class EmbeddedRunner:
             reply = self.model.call(cmd.view, cmd.max_output_tokens, cmd.timeout_s)
             self.clock.advance(reply.latency_s)
             return reply.replied(cmd.call_id, self.clock.now())
+        if isinstance(cmd, DispatchTool):
+            left = time_left(rec, self.clock.now())
+            if rec.state not in LIVE or left <= 0:
+                return self._not_sent(cmd)
+            cmd = cmd.model_copy(update={"timeout_s": min(cmd.timeout_s, left)})
         if isinstance(cmd, DispatchTool | LookupEffect):
             looked_up = isinstance(cmd, LookupEffect)
             backend = self.backend if self.bind is None else self.bind(rec)
@@ -161,6 +171,20 @@ class EmbeddedRunner:
         if isinstance(cmd, Finish | CancelCall):
             return None  # calls here are synchronous: nothing is left running to cancel
         raise TypeError(f"unknown command {cmd!r}")  # pragma: no cover
+
+    def _not_sent(self, cmd: DispatchTool) -> ToolResulted:
+        """The result of a call that was never sent: its run ended, or a clock ran out, while
+        the calls before it in the fan-out ran."""
+        result = {
+            "status": "error",
+            "code": "not_sent",
+            "dispatch_status": "not_sent",
+            "detail": "the run ended or a clock ran out before this call could start",
+        }
+        now = self.clock.now()
+        return ToolResulted(
+            now=now, call_id=cmd.call_id, attempt_id=cmd.attempt_id, result=result, latency_s=0.0
+        )
 
     def admission(self) -> Admit:
         """An admission request at the current reading (built from the runner's own clock,

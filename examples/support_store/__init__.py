@@ -6,14 +6,14 @@ ord_1001"``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from examples.support_store.backend import AUTO_LIMIT, SupportStoreBackend
-from examples.support_store.policies import RefundPolicy
+from examples.support_store.policies import RefundPolicy, ReplanningRefund, RewooRefund
 from kernel.agent import AgentModule, AgentProfile, LoopShape, ModelRef
 from kernel.amounts import ModelPrice
 from kernel.budget import Budget
@@ -147,8 +147,10 @@ def make_agent(
     budget: Budget | None = None,
     loop: LoopShape = LoopShape.REACT,
     model: ModelRef = SCRIPTED,
+    policy: Callable[[str], Any] = RefundPolicy.from_goal,
 ) -> AgentModule:
-    """Build the agent module; tests vary the unknown-outcome rule, the budget, the model."""
+    """Build the agent module; tests vary the unknown-outcome rule, the budget, the model, the
+    loop shape and its scripted policy (made from the goal)."""
     tools = [get_order, search_policy, refund_tool(on_unknown), email_tool(on_unknown)]
     profile = AgentProfile(
         name=name,
@@ -160,7 +162,7 @@ def make_agent(
     return AgentModule(
         profile=profile,
         make_backend=SupportStoreBackend,
-        make_policy=RefundPolicy.from_goal,
+        make_policy=policy,
     )
 
 
@@ -168,3 +170,14 @@ agent = make_agent()
 agent_lookup = make_agent("support_store_lookup", on_unknown=OnUnknown.LOOKUP)
 agent_local = make_agent("support_store_local", model=LOCAL_SERVER)  # OpenAI-compatible API
 agent_routed = make_agent("support_store_routed", model=ROUTED)  # the fleet document's routes
+# The same refund as a plan: ReWOO plans once and solves once; plan-execute-replan re-plans
+# when a step's result is an error (its first plan reads the wrong order).
+agent_rewoo = make_agent(
+    "support_store_rewoo", loop=LoopShape.REWOO, policy=lambda goal: RewooRefund()
+)
+agent_plan = make_agent(
+    "support_store_plan",
+    loop=LoopShape.PLAN_EXECUTE,
+    budget=Budget(max_replans=1),
+    policy=lambda goal: ReplanningRefund(),
+)
