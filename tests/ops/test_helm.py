@@ -136,7 +136,12 @@ def test_store_and_broker_urls_stay_separate() -> None:
 
 
 def test_a_setting_with_its_own_value_cannot_repeat_under_settings() -> None:
-    done = helm("template", "r", str(CHART), "--set", "settings.redis_url=redis://x:6379/0")
+    repeated = ("--set", "settings.redis_url=redis://x:6379/0")
+    done = helm("template", "r", str(CHART), *repeated)
+    assert done.returncode != 0
+    assert "settings: Additional property redis_url is not allowed" in done.stderr
+    # the template says where it belongs when the values schema is skipped
+    done = helm("template", "r", str(CHART), *repeated, "--skip-schema-validation")
     assert done.returncode != 0
     assert "settings.redis_url has its own value" in done.stderr
 
