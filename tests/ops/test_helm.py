@@ -9,24 +9,19 @@ ConfigMap holds the committed dashboard JSON.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import tomllib
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kernel.settings import PREFIX, Settings
 from ops.observability.dashboard import DASHBOARD_PATH
 from router.admission.gates import GateConfig
 from router.fleet import config as fleet_config
+from tests.ops.chart import CHART, helm, manifests, needs_helm
 
-yaml = pytest.importorskip("yaml", reason="PyYAML parses the rendered chart")
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "reins"
 #: Settings the fleet does not set, and why; every other field must be in the chart's env.
 NOT_FROM_THE_CHART = {
     "sqlite_path": "the embedded store only",
@@ -34,21 +29,7 @@ NOT_FROM_THE_CHART = {
     "scripted_latency_s": "scripted models only (settings.scripted_latency_s: null)",
 }
 
-
-def helm_binary() -> str | None:
-    local = ROOT / ".tools" / "helm"
-    return str(local) if local.exists() else shutil.which("helm")
-
-
-HELM = helm_binary()
-pytestmark = pytest.mark.skipif(
-    HELM is None, reason="no helm: run ops/scripts/ensure-helm.sh (make tools)"
-)
-
-
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    assert HELM is not None
-    return subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+pytestmark = needs_helm
 
 
 @cache
@@ -57,7 +38,7 @@ def render(*sets: str) -> tuple[dict[str, Any], ...]:
     args = [a for s in sets for a in ("--set", s)]
     done = helm("template", "r", str(CHART), "--namespace", "fleet", *args)
     assert done.returncode == 0, done.stderr
-    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+    return manifests(done.stdout)
 
 
 def one(docs: tuple[dict[str, Any], ...], kind: str, suffix: str) -> dict[str, Any]:
@@ -155,7 +136,12 @@ def test_store_and_broker_urls_stay_separate() -> None:
 
 
 def test_a_setting_with_its_own_value_cannot_repeat_under_settings() -> None:
-    done = helm("template", "r", str(CHART), "--set", "settings.redis_url=redis://x:6379/0")
+    repeated = ("--set", "settings.redis_url=redis://x:6379/0")
+    done = helm("template", "r", str(CHART), *repeated)
+    assert done.returncode != 0
+    assert "settings: Additional property redis_url is not allowed" in done.stderr
+    # the template says where it belongs when the values schema is skipped
+    done = helm("template", "r", str(CHART), *repeated, "--skip-schema-validation")
     assert done.returncode != 0
     assert "settings.redis_url has its own value" in done.stderr
 

@@ -166,17 +166,18 @@ every other one comes from .Values.settings, so a new setting is one line in val
 {{- end }}
 {{- end }}
 
-{{/* Pod annotations: scrape hints and a checksum of the configuration, so a change rolls pods. */}}
+{{/*
+Pod annotations: scrape hints and a checksum of the configuration, so a change rolls pods; then
+the component's podAnnotations. One map, so a key given twice is one key (the value's wins).
+*/}}
 {{- define "reins.podAnnotations" -}}
-checksum/config: {{ include (print .ctx.Template.BasePath "/configmap.yaml") .ctx | sha256sum }}
+{{- $out := dict "checksum/config" (include (print .ctx.Template.BasePath "/configmap.yaml") .ctx | sha256sum) }}
 {{- if .ctx.Values.metrics.scrapeAnnotations }}
-prometheus.io/scrape: "true"
-prometheus.io/port: {{ .ctx.Values.metrics.port | quote }}
-prometheus.io/path: {{ .ctx.Values.metrics.path | quote }}
+{{- $_ := set $out "prometheus.io/scrape" "true" }}
+{{- $_ := set $out "prometheus.io/port" (toString .ctx.Values.metrics.port) }}
+{{- $_ := set $out "prometheus.io/path" .ctx.Values.metrics.path }}
 {{- end }}
-{{- with .extra }}
-{{ toYaml . }}
-{{- end }}
+{{- toYaml (mergeOverwrite $out (.extra | default dict)) }}
 {{- end }}
 
 {{/* Worker grace: long enough to drain (REINS_DRAIN_GRACE_S) plus hand-back and deregistration. */}}
