@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from ops import bench as benchmarks
-from ops.bench import store
 from ops.bench.commandstats import ServerTime, Tally
 from tests.conftest import REDIS_URL
 
@@ -18,7 +17,7 @@ def test_quick_run_reports_every_figure(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv("REINS_TEST_REDIS_URL", raising=False)  # not a reins setting
     result = benchmarks.load("store")(quick=True)
     assert result["topology"] == "single"
-    assert result["peer"] == store.peer().as_json()
+    assert result["peer"] == benchmarks.peer("store")
     assert "direct_command" in result["peer"]["path"], "the SET takes the commit's path"
     for n in (1, 16):
         for kind in ("cas", "cas_row", "raw_set", "pool_set"):
