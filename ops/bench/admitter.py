@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 
 from kernel.errors import ReinsError, SubmissionRefused
 from kernel.settings import Settings
+from ops.bench.peers import Peer, reins_itself
 from router.admission.claims import EndedTurn, ReturningCall
 from router.admission.fairness import jain_index
 from router.admission.gates import GateConfig
@@ -69,12 +70,26 @@ REDIS_ROUTE = "bench/model"
 REDIS_BATCH = 16  # calls per claim script run: a dispatcher filling that many free slots
 
 
+def peer() -> Peer:
+    """First come, first served: the noisy-neighbour figures' other side (``fifo_*``)."""
+    return reins_itself(
+        "first come, first served queue",
+        "ops.bench.admitter._Fifo in this process: one queue in arrival order, the same "
+        "max_ready per tenant, the same simulated arrivals and provider",
+    )
+
+
 def run(quick: bool = False) -> dict[str, object]:
     """Run all parts; ``quick`` is a smaller run for smoke tests (same fields)."""
     backlog, many = _backlogged(chunks=2 if quick else 5, chunk=5_000 if quick else 50_000)
     backlog.pop("rounds")
     quiet_calls = 300 if quick else 5_000
-    result: dict[str, object] = {"quick": quick, "max_in_flight": IN_FLIGHT_CAP, **backlog}
+    result: dict[str, object] = {
+        "peer": peer().as_json(),
+        "quick": quick,
+        "max_in_flight": IN_FLIGHT_CAP,
+        **backlog,
+    }
     rate, base = many["admissions_per_s"], backlog["admissions_per_s"]
     assert isinstance(rate, int) and isinstance(base, int)
     result["admissions_per_s_at_10k_tenants"] = rate

@@ -34,6 +34,7 @@ from api.client import ReinsClient
 from api.keys import KeyRing, Scope
 from kernel.chain import ChainRow, RowKind
 from kernel.settings import Settings
+from ops.bench.peers import Peer, reins_itself
 from ops.local.fleet import LocalFleet, wait_for
 from router.fleet import config as fleet_config
 from router.process.submit import RouterApi
@@ -163,6 +164,15 @@ def _commit_row(store: RedisStore, tid: str, index: int, last: bool) -> float:
     return time.perf_counter()
 
 
+def peer() -> Peer:
+    """The router's in-process API: the same submissions without HTTP, auth and JSON."""
+    return reins_itself(
+        "router.process.submit.RouterApi",
+        f"{THREADS} threads in the bench process submitting straight to the router's API on "
+        "the same Redis: no HTTP, no auth, no JSON",
+    )
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Start one API process, measure, end it, delete the keys."""
     base = Settings.from_env(os.environ)
@@ -197,6 +207,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             _delete(client, prefix)
             client.close()
     return {
+        "peer": peer().as_json(),
         "threads": THREADS,
         "submissions": count,
         "api_submits_per_s": round(statistics.median(a for a, _ in rounds), 1),

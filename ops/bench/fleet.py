@@ -30,6 +30,7 @@ from kernel.budget import Budget
 from kernel.errors import InvalidInput
 from kernel.settings import Settings
 from kernel.states import TERMINAL, StopReason
+from ops.bench.peers import Peer, installed
 from ops.local.fleet import LocalFleet, process_cpu_s, wait_for
 from router.fleet import config as fleet_config
 from router.process.service import SEND_BURST, RouterOptions, RouterService
@@ -113,6 +114,21 @@ def _broker_url(base: Settings, broker: str) -> str:
     return LOCAL_AMQP if wanted is BrokerKind.AMQP else base.redis_url
 
 
+def peer(broker: str = "redis") -> Peer:
+    """Celery running no-op tasks: the same workers, broker and publisher as the turns."""
+    sent = (
+        "kombu's producer on a channel in confirm mode, RabbitMQ"
+        if broker == BrokerKind.AMQP.value
+        else "written onto kombu's list in one pipeline a burst, Redis"
+    )
+    return Peer(
+        name="Celery no-op tasks",
+        version=installed("celery"),
+        path=f"published by the routers' publisher in bursts of {SEND_BURST} ({sent}; kombu "
+        f"{installed('kombu')}), run by the same two Celery worker processes as the turns",
+    )
+
+
 def run(quick: bool = False, broker: str = "redis") -> dict[str, Any]:
     """Start the fleet, run the three phases, end every process, clean the keys (and, on
     RabbitMQ, the queues of this run)."""
@@ -144,6 +160,7 @@ def run(quick: bool = False, broker: str = "redis") -> dict[str, Any]:
             fleet.wait_ready(list(WORKERS), ["r1", "r2"])
             settings = base.model_copy(update={"key_prefix": prefix, "tenants_file": ""})
             return {
+                "peer": peer(broker_kind(base.broker_url).value).as_json(),
                 "broker": broker_kind(base.broker_url).value,
                 "configured_by": f"fleet document v{version}",
                 **_phases(settings, store_client, broker_client, fleet, quick),

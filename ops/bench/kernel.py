@@ -18,6 +18,7 @@ from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
+from ops.bench.peers import Peer, installed
 from store.in_process import InProcessStore
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel
@@ -145,6 +146,16 @@ def langgraph_once(graph: Any, i: int) -> None:
     assert backend.effects() == EFFECTS
 
 
+def peer() -> Peer:
+    """LangGraph, checkpointing every step synchronously in memory, as reins commits it."""
+    return Peer(
+        name="LangGraph",
+        version=installed("langgraph"),
+        path="StateGraph compiled with InMemorySaver (langgraph-checkpoint "
+        f"{installed('langgraph-checkpoint')}), invoke(durability='sync'), in this process",
+    )
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Alternate rounds of both sides; report trajectories per second and their ratio."""
     rounds, per_round = (2, 20) if quick else (6, 150)
@@ -172,6 +183,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     reins_rate, lang_rate = n / reins_s, n / lang_s
     return {
         "bench": "kernel",
+        "peer": peer().as_json(),
         "trajectories": n,
         "reins_traj_per_s": round(reins_rate, 1),
         "langgraph_traj_per_s": round(lang_rate, 1),

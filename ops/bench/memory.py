@@ -25,6 +25,7 @@ import redis
 
 from kernel.memory import MemoryItem, MemoryKind, Scope, Visibility, recall
 from kernel.settings import Settings
+from ops.bench.peers import Peer, reins_itself
 from store.memory_base import MemoryBank
 from store.memory_redis import RedisMemory
 from store.memory_sqlite import SqliteMemory
@@ -103,6 +104,15 @@ def _measure(
     return indexed, scanned, all(ask(tags) == found for tags, found in scanned_answers)
 
 
+def peer() -> Peer:
+    """The brute-force scan: every row of the caller's tenant, ranked by the plain recall."""
+    return reins_itself(
+        "brute-force scan",
+        "every row of the caller's tenant read from the same bank (SQLite, Redis) and ranked "
+        "by kernel.memory.recall, in this process",
+    )
+
+
 def run(quick: bool = False) -> dict[str, object]:
     """Measure and return one JSON-ready object (see the module docstring)."""
     settings = Settings.from_env(os.environ)
@@ -110,7 +120,12 @@ def run(quick: bool = False) -> dict[str, object]:
     rng = random.Random(7)
     client = client_from_url(settings.redis_url)
     prefix = f"{settings.key_prefix}-bench-{uuid.uuid4().hex[:8]}"
-    result: dict[str, object] = {"vocabulary": len(VOCAB), "tags_per_fact": 3, "limit": 10}
+    result: dict[str, object] = {
+        "peer": peer().as_json(),
+        "vocabulary": len(VOCAB),
+        "tags_per_fact": 3,
+        "limit": 10,
+    }
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for size in sizes:

@@ -38,6 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from ops.bench.peers import Peer, reins_itself
 from worker.providers import CancelToken, OpenAICompatible
 from worker.providers.http import PoolOptions
 from worker.providers.streaming import Folding
@@ -269,12 +270,26 @@ def _certificate(directory: Path) -> tuple[Path, Path] | None:
     return cert, key
 
 
+def peer() -> Peer:
+    """The same client path keeping no connection: one connection (and handshake) a call."""
+    return reins_itself(
+        "reins provider client, one connection per call",
+        "OpenAICompatible over HttpPool with keepalive_s 0 against the same loopback server, "
+        "as every call was before pooling",
+    )
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; one JSON-ready object."""
     calls = 40 if quick else CALLS
     with _serving() as server:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        out: dict[str, Any] = {"bench": "provider", "threads": THREADS, "calls": calls}
+        out: dict[str, Any] = {
+            "bench": "provider",
+            "peer": peer().as_json(),
+            "threads": THREADS,
+            "calls": calls,
+        }
         out.update(_compare(url, server, calls))
         out.update(_cancels(url, server, 10 if quick else CANCELS))
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,6 +24,7 @@ from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import LifecycleState
 from ops.bench.fleet import fast_agent
+from ops.bench.peers import Peer, installed
 from store.base import Retirement
 from store.redis_client import client_from_url
 from store.redis_store import RedisStore
@@ -57,6 +58,16 @@ def _usage(client: redis.Redis, key: str) -> int:
     return int(client.memory_usage(key, samples=0) or 0)
 
 
+def peer() -> Peer:
+    """One plain string of the same bytes: its memory, and its ``UNLINK`` against a retire."""
+    return Peer(
+        name="redis-py SET and UNLINK of one plain string",
+        version=installed("redis"),
+        path="redis-py's pooled client (client.set, client.unlink, one call a key) on the same "
+        "Redis; its bytes by MEMORY USAGE SAMPLES 0",
+    )
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Run ``n`` trajectories, measure them, retire them; one JSON object of figures."""
     settings = Settings.from_env(os.environ)
@@ -76,7 +87,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 def _measure(client: redis.Redis, store: RedisStore, n: int) -> dict[str, Any]:
     records = [_run_one(store, i) for i in range(n)]
-    snap, chain, peer = [], [], []
+    snap, chain, plain = [], [], []
     for rec in records:
         snap_key, chain_key = store.trajectory_keys(TENANT, rec.trajectory_id)
         snap.append(_usage(client, snap_key))
@@ -85,7 +96,7 @@ def _measure(client: redis.Redis, store: RedisStore, n: int) -> dict[str, Any]:
         raw = rec.to_json() + b"".join(rows)
         peer_key = f"{store.prefix}:peer:{rec.trajectory_id}"
         client.set(peer_key, raw)
-        peer.append(_usage(client, peer_key))
+        plain.append(_usage(client, peer_key))
     index = sum(_usage(client, k) for k in store.index_keys(TENANT)) / n
     started = time.perf_counter()
     retired = [store.retire(TENANT, r.trajectory_id, r.record_version) for r in records]
@@ -99,6 +110,7 @@ def _measure(client: redis.Redis, store: RedisStore, n: int) -> dict[str, Any]:
     ) + sum(int(client.zcard(k)) for k in store.index_keys(TENANT))
     per = statistics.mean(snap) + statistics.mean(chain) + index
     return {
+        "peer": peer().as_json(),
         "trajectories": n,
         "versions_per_trajectory": statistics.mean(r.record_version for r in records),
         "chain_rows_per_trajectory": statistics.mean(r.chain_length for r in records),
@@ -107,8 +119,8 @@ def _measure(client: redis.Redis, store: RedisStore, n: int) -> dict[str, Any]:
         "chain_bytes": round(statistics.mean(chain)),
         "index_bytes": round(index),
         "bytes_per_finished": round(per),
-        "peer_plain_bytes": round(statistics.mean(peer)),
-        "bytes_ratio": round(per / statistics.mean(peer), 3),
+        "peer_plain_bytes": round(statistics.mean(plain)),
+        "bytes_ratio": round(per / statistics.mean(plain), 3),
         "retired": sum(r is Retirement.RETIRED for r in retired),
         "left_after_retire": left,
         "retire_per_s": round(n / retire_s),

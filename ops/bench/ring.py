@@ -18,11 +18,11 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
 from xxhash import xxh64_intdigest
 
 from kernel.errors import InvalidInput
+from ops.bench.peers import Peer, installed
 from router.placement.ring import DEFAULT_POINTS_PER_WEIGHT, Member, Ring
 from router.process.heap import return_large_blocks
 
@@ -34,6 +34,16 @@ _SEED = 20_010_601
 _SLICE = 10_000  # keys per timed slice
 SCALES = (200, 1_000)
 CHANGES = 3  # joins and as many leaves timed at each scale
+
+
+def peer() -> Peer:
+    """uhashring at its defaults, hashing its own keys in the same timed loop."""
+    return Peer(
+        name="uhashring HashRing",
+        version=installed("uhashring"),
+        path=f"HashRing(nodes=...) at its defaults ({UHASHRING_DEFAULT_POINTS} points a node, "
+        "md5), get_node per key, in this process",
+    )
 
 
 def run(quick: bool = False) -> dict[str, object]:
@@ -51,10 +61,10 @@ def run(quick: bool = False) -> dict[str, object]:
     ring = Ring(Member(name) for name in names)
     build_s = time.perf_counter() - started
     plain = Ring((Member(name) for name in names), index_bits=0)
-    peer = HashRing(nodes=names)
+    hashring = HashRing(nodes=names)
 
     best = _best_times(
-        {"reins": ring.lookup, "bisect": plain.lookup, "uhashring": peer.get_node},
+        {"reins": ring.lookup, "bisect": plain.lookup, "uhashring": hashring.get_node},
         keys,
         repeats,
     )
@@ -62,7 +72,7 @@ def run(quick: bool = False) -> dict[str, object]:
     peer_lookups_per_s = key_count / best["uhashring"]
 
     placed = [ring.lookup(key) for key in keys]
-    peer_placed = [peer.get_node(key) for key in keys]
+    peer_placed = [hashring.get_node(key) for key in keys]
     grown = Ring(Member(name) for name in [*names, "worker-new"])
     moved = [(old, grown.lookup(key)) for key, old in zip(keys, placed, strict=True)]
     moved = [(old, new) for old, new in moved if old != new]
@@ -70,6 +80,7 @@ def run(quick: bool = False) -> dict[str, object]:
     modulo_moved = sum(1 for p in positions if p % MEMBERS != p % (MEMBERS + 1))
 
     return {
+        "peer": peer().as_json(),
         "keys": key_count,
         "members": MEMBERS,
         "repeats": repeats,
@@ -91,9 +102,9 @@ def run(quick: bool = False) -> dict[str, object]:
         "modulo_moved_fraction": round(modulo_moved / key_count, 5),
         **_at_scales(SCALES[:1] if quick else SCALES, keys[:QUICK_KEYS]),
         "python_version": platform.python_version(),
-        "reins_version": _version("reins"),
-        "uhashring_version": _version("uhashring"),
-        "xxhash_version": _version("xxhash"),
+        "reins_version": installed("reins"),
+        "uhashring_version": installed("uhashring"),
+        "xxhash_version": installed("xxhash"),
     }
 
 
@@ -197,10 +208,3 @@ def _best_times(
 def _max_over_mean(placed: Sequence[object], members: int) -> float:
     counts = Counter(placed)
     return max(counts.values()) / (len(placed) / members)
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "unknown"

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 
 from kernel.errors import ReinsError, SubmissionRefused
 from kernel.settings import Settings
+from ops.bench.peers import Peer, none
 from router.admission.claims import ReturningCall
 from router.admission.local import Admitter
 from router.admission.redis.admitter import RedisAdmitter
@@ -60,6 +61,14 @@ REDIS_TENANTS_QUEUED = 2_000  # tenants with a call queued during the Redis meas
 _ARRIVE, _DONE, _CHURN = 0, 1, 2
 
 
+def peer() -> Peer:
+    """None: one replica's own rates against the Redis slot's, no other system beside it."""
+    return none(
+        "a capacity model: the router's CPU per admission against the shared admitter's Redis "
+        "time per admission (INFO commandstats evalsha), on simulated workers"
+    )
+
+
 def run(quick: bool = False, trajectories: int | None = None) -> dict[str, object]:
     """Simulate ``trajectories`` (default 1,000,000; ``quick``: 20,000) through one replica."""
     default = QUICK_TRAJECTORIES if quick else TRAJECTORIES
@@ -67,7 +76,11 @@ def run(quick: bool = False, trajectories: int | None = None) -> dict[str, objec
     if count < 1:
         raise ValueError(f"trajectories must be at least 1, got {count}")
     return_large_blocks()  # as the router does (router/process/heap.py)
-    result: dict[str, object] = {"quick": quick, **_Simulation(count).run()}
+    result: dict[str, object] = {
+        "peer": peer().as_json(),
+        "quick": quick,
+        **_Simulation(count).run(),
+    }
     result.update(_redis_cost())
     # How many replicas the one slot carries: each replica admitting at its full CPU rate, and
     # each at the rate one replica reached through Redis here (round trips, not CPU, bound it).

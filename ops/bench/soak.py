@@ -46,6 +46,7 @@ from kernel.chain import ChainRow, RowKind
 from kernel.settings import Settings
 from kernel.states import TERMINAL
 from kernel.tools import FENCED
+from ops.bench.peers import Peer, none
 from ops.local.cluster import free_ports
 from ops.local.fleet import LocalFleet, wait_for
 from router.fleet import config as fleet_config
@@ -160,6 +161,14 @@ class _Faults:
         os.kill(pid, signal.SIGCONT)
 
 
+def peer() -> Peer:
+    """None: the soak is judged against stated bounds, not beside another system."""
+    return none(
+        "stated bounds: no run lost, no write duplicated past its fence, none stuck past "
+        f"{STUCK_AFTER_S:.0f} s, the tenants' shares against their weights"
+    )
+
+
 def run(minutes: float = 10.0, quick: bool = False) -> dict[str, Any]:
     """Run the soak (``quick``: two minutes, six faults) and report its figures."""
     base = Settings.from_env(os.environ)
@@ -174,7 +183,7 @@ def run(minutes: float = 10.0, quick: bool = False) -> dict[str, Any]:
         try:
             with _fleet(server, prefix, base, Path(tmp), client) as (fleet, port, keys):
                 figures = _soak(fleet, server, client, backend_client, prefix, port, keys, minutes)
-            return {"quick": quick, "minutes": minutes, **figures}
+            return {"peer": peer().as_json(), "quick": quick, "minutes": minutes, **figures}
         finally:
             server.kill()
             keys_left = list(backend_client.scan_iter(match=f"{prefix}*", count=1000))

@@ -1,9 +1,11 @@
 """``reins bench store``: a commit (the store's compare-and-set) against a raw ``SET``.
 
-Side by side on the Redis of ``REINS_REDIS_URL`` with the same clients, and the embedded SQLite
-store beside them; with ``--cluster``, on a three-master Redis Cluster the bench starts itself
-(:mod:`ops.local.cluster`), through a ``RedisCluster`` client. The fields and the method are
-described in ``docs/benchmarks.md``.
+Side by side on the Redis of ``REINS_REDIS_URL``, the ``SET`` sent on the commit's own path
+(each thread's pinned connection, one command a round trip), so the ratio compares what the
+server does for each and not two clients; Redis's own CPU for each, from ``INFO commandstats``;
+the embedded SQLite store beside them. With ``--cluster``, on a three-master Redis Cluster the
+bench starts itself (:mod:`ops.local.cluster`), through a ``RedisCluster`` client. The fields
+and the method are described in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -26,15 +28,33 @@ from kernel.chain import ChainRow, RowKind
 from kernel.record import PlanStep, TrajectoryRecord
 from kernel.settings import Settings
 from kernel.states import LifecycleState
+from ops.bench.commandstats import ServerTime, tally
+from ops.bench.peers import Peer, installed
 from ops.bench.store_paging import paging_figures
 from ops.local.cluster import LocalCluster
 from store.base import Commit, TrajectoryStore, prepare_commit
 from store.redis_client import client_from_url, is_cluster
+from store.redis_direct import direct_command
 from store.redis_keys import COMMITS_KEPT
 from store.redis_store import RedisStore
 from store.sqlite import SqliteStore
 
 TENANT = "bench"
+
+
+def peer(cluster: bool = False) -> Peer:
+    """The raw ``SET``: sent as a commit's ``EVALSHA`` is, one a round trip on the same path."""
+    where = (
+        "straight to the slot's master on its pooled connection"
+        if cluster
+        else "on the thread's pinned connection"
+    )
+    return Peer(
+        name="redis-py SET",
+        version=installed("redis"),
+        path=f"store.redis_direct.direct_command, the commit's own path: {where}, one command "
+        f"a round trip as the commit, hiredis {installed('hiredis')}",
+    )
 
 
 def _record(tid: str) -> TrajectoryRecord:
@@ -102,22 +122,61 @@ def _apply_all(store: TrajectoryStore, commits: Sequence[Commit]) -> Callable[[]
     return body
 
 
-def _parallel(work: Sequence[Callable[[], None]]) -> float:
-    """Run each callable on its own thread from one start line; the wall time in seconds."""
-    barrier = threading.Barrier(len(work) + 1)
+class _Crew:
+    """``size`` threads kept for one concurrency level, as a worker keeps its threads: each
+    keeps the connection the direct path pinned to it, so a SET and a commit of one thread go
+    over the same connection and no timed phase pays for connecting. A phase starts them all
+    from one line; its time runs until the last one is done."""
 
-    def body(fn: Callable[[], None]) -> None:
-        barrier.wait()
-        fn()
+    def __init__(self, size: int) -> None:
+        self._start = threading.Barrier(size + 1)
+        self._done = threading.Barrier(size + 1)
+        self._work: Sequence[Callable[[], None]] = ()
+        self._failed: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    threads = [threading.Thread(target=body, args=(fn,)) for fn in work]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - started
+    def _serve(self, i: int) -> None:
+        while True:
+            self._start.wait()
+            if not self._work:  # closed
+                return
+            try:
+                self._work[i]()
+            except BaseException as exc:  # handed to the phase's caller
+                self._failed.append(exc)
+            self._done.wait()
+
+    def run(self, work: Sequence[Callable[[], None]]) -> float:
+        """Run ``work[i]`` on thread i, all from one start line; the wall time in seconds."""
+        self._work = work
+        self._start.wait()
+        started = time.perf_counter()
+        self._done.wait()
+        elapsed = time.perf_counter() - started
+        if self._failed:
+            raise self._failed[0]
+        return elapsed
+
+    def close(self) -> None:
+        """End the threads."""
+        self._work = ()
+        self._start.wait()
+        for thread in self._threads:
+            thread.join()
+
+
+#: The phases of a round, in order, and the command of each whose server time is read (the
+#: pooled SET's is the raw SET's: the same command, sent another way).
+_PHASES: dict[str, str | None] = {
+    "pool_set": None,
+    "raw_set": "set",
+    "cas": "evalsha",
+    "cas_row": "evalsha",
+}
 
 
 def _redis_figures(
@@ -125,35 +184,81 @@ def _redis_figures(
 ) -> tuple[dict[str, object], float]:
     """Figures at one concurrency, and the mean serialise seconds per commit.
 
-    Each thread owns two trajectories (commits without and with a chain row). The run is many
-    short rounds, each a SET phase, a commit phase and a commit-with-row phase, so that noise
-    from a shared machine falls on all three alike.
+    Each thread owns two trajectories (commits without and with a chain row) and a raw key.
+    The run is many short rounds, each a phase of every kind in turn (:data:`_PHASES`), so
+    that noise from a shared machine falls on all alike.
     """
     run = uuid.uuid4().hex[:8]
     total = ops * rounds
-    plain = [_commits(f"c{threads}-{run}-{i}", total, False) for i in range(threads)]
-    with_row = [_commits(f"c{threads}-{run}-{i}-row", total, True) for i in range(threads)]
-    for commits, _ in plain + with_row:  # the creates are not timed
-        store.apply(commits[0])
-    seconds = {"cas": 0.0, "raw_set": 0.0, "cas_row": 0.0}
-    for r in range(rounds):
-        part = slice(1 + r * ops, 1 + (r + 1) * ops)
-        seconds["raw_set"] += _parallel(
+    made = [_commits(f"c{threads}-{run}-{i}", total, False) for i in range(threads)]
+    plain = [commits for commits, _ in made]
+    rowed = [_commits(f"c{threads}-{run}-{i}-row", total, True)[0] for i in range(threads)]
+    direct = direct_command(client)  # the path store.apply sends its EVALSHA on
+    sets = [(f"{{{prefix}:raw:{i}}}", plain[i][1].snapshot) for i in range(threads)]
+    seconds = dict.fromkeys(_PHASES, 0.0)
+    server = {kind: ServerTime() for kind, command in _PHASES.items() if command}
+    crew = _Crew(threads)
+    try:
+        # Not timed: the creates, and a first SET each way, so every connection is open.
+        crew.run(
             [
-                _loop(partial(client.set, f"{{{prefix}:raw:{i}}}", commits[1].snapshot), ops)
-                for i, (commits, _) in enumerate(plain)
+                _all(
+                    partial(store.apply, plain[i][0]),
+                    partial(store.apply, rowed[i][0]),
+                    partial(direct, "SET", *sets[i]),
+                    partial(client.set, *sets[i]),
+                )
+                for i in range(threads)
             ]
         )
-        seconds["cas"] += _parallel([_apply_all(store, commits[part]) for commits, _ in plain])
-        seconds["cas_row"] += _parallel(
-            [_apply_all(store, commits[part]) for commits, _ in with_row]
-        )
+        for r in range(rounds):
+            part = slice(1 + r * ops, 1 + (r + 1) * ops)
+            work = {
+                "pool_set": [_loop(partial(client.set, *kv), ops) for kv in sets],
+                "raw_set": [_loop(partial(direct, "SET", *kv), ops) for kv in sets],
+                "cas": [_apply_all(store, commits[part]) for commits in plain],
+                "cas_row": [_apply_all(store, commits[part]) for commits in rowed],
+            }
+            for kind, command in _PHASES.items():
+                if command is None:
+                    seconds[kind] += crew.run(work[kind])
+                    continue
+                before = tally(client, command)
+                seconds[kind] += crew.run(work[kind])
+                server[kind].add(before, tally(client, command), threads * ops)
+    finally:
+        crew.close()
     done = threads * total
     figures: dict[str, object] = {f"c{threads}_ops": done}
     for kind, spent in seconds.items():
         figures[f"c{threads}_{kind}_per_s"] = round(done / spent)
     figures[f"c{threads}_ratio"] = round(seconds["raw_set"] / seconds["cas"], 3)
-    return figures, sum(spent for _, spent in plain) / threads
+    figures.update(_server_figures(f"c{threads}", server))
+    return figures, sum(spent for _, spent in made) / threads
+
+
+def _server_figures(label: str, server: dict[str, ServerTime]) -> dict[str, object]:
+    """Redis's microseconds per SET, per commit and per commit with a row, and a commit's over
+    a SET's; windows another client's same command ran in are left out and counted."""
+    per = {kind: spent.us_per_call() for kind, spent in server.items()}
+    set_us, cas_us = per["raw_set"], per["cas"]
+    return {
+        f"{label}_redis_us_per_set": set_us,
+        f"{label}_redis_us_per_cas": cas_us,
+        f"{label}_redis_us_per_cas_row": per["cas_row"],
+        f"{label}_redis_cas_over_set": (
+            round(cas_us / set_us, 2) if cas_us is not None and set_us else None
+        ),
+        f"{label}_redis_windows_left_out": sum(spent.left_out for spent in server.values()),
+    }
+
+
+def _all(*steps: Callable[[], object]) -> Callable[[], None]:
+    def body() -> None:
+        for step in steps:
+            step()
+
+    return body
 
 
 def _sqlite_per_s(ops: int) -> float:
@@ -161,7 +266,9 @@ def _sqlite_per_s(ops: int) -> float:
         store = SqliteStore(os.path.join(tmp, "bench.db"))
         commits, _ = _commits("sqlite", ops, rows=False)
         store.apply(commits[0])
-        elapsed = _parallel([_apply_all(store, commits[1:])])
+        started = time.perf_counter()
+        _apply_all(store, commits[1:])()
+        elapsed = time.perf_counter() - started
         store.close()
     return ops / elapsed
 
@@ -244,7 +351,9 @@ def _measure(
 ) -> dict[str, object]:
     rounds = 4 if quick else 40
     result: dict[str, object] = {
+        "peer": peer(cluster=topology != "single").as_json(),
         "redis_version": _server_version(client),
+        "redis_cpu_from": "INFO commandstats usec of set and evalsha, differenced per phase",
         "topology": topology,
         "rounds": rounds,
     }

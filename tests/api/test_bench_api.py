@@ -11,6 +11,7 @@ pytestmark = pytest.mark.redis
 
 def test_the_api_bench_reports_rates_a_ratio_and_event_latencies() -> None:
     result = bench.load("api")(quick=True)
+    assert result["peer"] == bench.peer("api")
     assert set(result) >= {
         "api_submits_per_s",
         "direct_submits_per_s",

@@ -28,6 +28,7 @@ FIGURES = (
 
 def test_quick_run_reports_every_figure(redis_client: redis.Redis) -> None:
     result = benchmarks.load("fleet")(quick=True)
+    assert result["peer"] == benchmarks.peer("fleet")
     for name in FIGURES:
         value = result[name]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (name, value)

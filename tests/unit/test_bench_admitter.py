@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from ops import bench as benchmarks
 from ops.bench.admitter import run
 
 
 def test_bench_admitter_quick_run_reports_every_field() -> None:
     result = run(quick=True)
+    assert result["peer"] == benchmarks.peer("admitter")
     for field in (
         "admissions_per_s",
         "max_share_error_pct_pt",

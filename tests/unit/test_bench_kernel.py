@@ -3,11 +3,13 @@
 Timing is never asserted; the figures belong in the closing note, not in a test.
 """
 
+from ops import bench as benchmarks
 from ops.bench.kernel import run
 
 
 def test_bench_kernel_fields() -> None:
     out = run(quick=True)
+    assert out["peer"] == benchmarks.peer("kernel")
     for key in (
         "reins_traj_per_s",
         "langgraph_traj_per_s",

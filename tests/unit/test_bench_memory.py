@@ -14,6 +14,7 @@ def test_quick_run_reports_every_figure(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("REINS_REDIS_URL", REDIS_URL)
     monkeypatch.delenv("REINS_TEST_REDIS_URL", raising=False)  # not a reins setting
     result = benchmarks.load("memory")(quick=True)
+    assert result["peer"] == benchmarks.peer("memory")
     for size in (1_000, 5_000):
         figures = result[f"facts_per_owner_{size}"]
         assert isinstance(figures, dict)

@@ -10,6 +10,7 @@ from ops.bench import provider
 
 def test_quick_run_reports_every_figure() -> None:
     result = benchmarks.load("provider")(quick=True)
+    assert result["peer"] == benchmarks.peer("provider")
     calls = provider.THREADS * result["calls"] * provider.ROUNDS
     assert result["per_call_connections"] == calls  # one connection per call
     assert result["pooled_connections"] <= provider.THREADS * provider.ROUNDS  # reused

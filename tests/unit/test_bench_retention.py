@@ -14,6 +14,7 @@ def test_quick_run_measures_and_retires_every_trajectory(monkeypatch: pytest.Mon
     monkeypatch.setenv("REINS_REDIS_URL", REDIS_URL)
     monkeypatch.delenv("REINS_TEST_REDIS_URL", raising=False)  # not a reins setting
     result = benchmarks.load("retention")(quick=True)
+    assert result["peer"] == benchmarks.peer("retention")
     assert result["trajectories"] == result["retired"] == 20
     assert result["left_after_retire"] == 0
     assert result["chain_rows_per_trajectory"] == 22, "ten turns: model and tool rows, a stop"

@@ -26,6 +26,7 @@ FIELDS = {
 def test_quick_run_reports_every_figure() -> None:
     pytest.importorskip("uhashring")
     result = benchmarks.load("ring")(quick=True)
+    assert result["peer"] == benchmarks.peer("ring")
     missing = FIELDS - set(result)
     assert not missing, missing
     assert result["members"] == 20 and result["uhashring_points_per_member"] == 160

@@ -20,6 +20,7 @@ def test_a_small_simulated_fleet_reports_every_figure(monkeypatch: pytest.Monkey
     monkeypatch.setattr(scale, "CHURN_EVERY_S", 5.0)
     monkeypatch.setenv("REINS_REDIS_URL", REDIS_URL)
     result = benchmarks.load("scale")(trajectories=600)
+    assert result["peer"] == benchmarks.peer("scale")
     assert result["trajectories"] == 600 and result["workers"] == 40
     # Every trajectory ran all its turns (or was refused at the door): one admission a turn.
     assert result["admissions"] >= 600 - result["trajectories_refused"]  # type: ignore[operator]
