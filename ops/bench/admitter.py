@@ -8,29 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing
-import os
 import random
 import statistics
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
-from redis.exceptions import RedisError
-
-from kernel.errors import ReinsError, SubmissionRefused
-from kernel.settings import Settings
+from kernel.errors import SubmissionRefused
 from ops.bench.peers import Peer, reins_itself
-from router.admission.claims import EndedTurn, ReturningCall
 from router.admission.fairness import jain_index
-from router.admission.gates import GateConfig
 from router.admission.local import Admitter
-from router.admission.redis.admitter import Claim, RedisAdmitter
-from router.admission.redis.gates import RedisGates
 from router.admission.tenants import AdmissionConfig
-from store.redis_client import client_from_url
 
 # --- part 1: backlogged tenants -------------------------------------------------------------
 
@@ -62,12 +51,10 @@ LOUD_FACTOR = 100
 NOISY_MAX_READY = 1_000
 
 
-# --- part 3: through Redis ------------------------------------------------------------------
+# --- part 3: through Redis (ops.bench.admitter_redis) --------------------------------------
 
 REDIS_ADMITTERS = 4
 REDIS_ADMISSIONS = 20_000
-REDIS_ROUTE = "bench/model"
-REDIS_BATCH = 16  # calls per claim script run: a dispatcher filling that many free slots
 
 
 def peer() -> Peer:
@@ -81,6 +68,8 @@ def peer() -> Peer:
 
 def run(quick: bool = False) -> dict[str, object]:
     """Run all parts; ``quick`` is a smaller run for smoke tests (same fields)."""
+    from ops.bench import admitter_redis  # part 3 builds on this module's mix
+
     backlog, many = _backlogged(chunks=2 if quick else 5, chunk=5_000 if quick else 50_000)
     backlog.pop("rounds")
     quiet_calls = 300 if quick else 5_000
@@ -110,12 +99,14 @@ def run(quick: bool = False) -> dict[str, object]:
             result[f"{prefix}noisy_neighbor_loud_p99_s{label}"] = round(loud, 6)
     result["noisy_neighbor_quiet_calls"] = quiet_calls
     result.update(
-        _through_redis(2 if quick else REDIS_ADMITTERS, 2_000 if quick else REDIS_ADMISSIONS)
+        admitter_redis.through_redis(
+            2 if quick else REDIS_ADMITTERS, 2_000 if quick else REDIS_ADMISSIONS
+        )
     )
     return result
 
 
-def _config(
+def tenant_config(
     tenants: list[tuple[str, float, int]],
     quantum: int,
     cap: int,
@@ -135,7 +126,7 @@ def _config(
     )
 
 
-def _sizes(rng: random.Random, mix: tuple[tuple[float, int, int], ...]) -> tuple[int, int]:
+def call_sizes(rng: random.Random, mix: tuple[tuple[float, int, int], ...]) -> tuple[int, int]:
     draw = rng.random()
     for probability, input_tokens, output_allowance in mix:
         draw -= probability
@@ -160,7 +151,7 @@ def _bytes_per_tenant(count: int) -> int:
     import tracemalloc
 
     profiles = _many(count)
-    config = _config(
+    config = tenant_config(
         [(n, w, max(i + o for _, i, o in mix)) for n, w, mix in profiles],
         BACKLOG_QUANTUM,
         BACKLOG_CAP,
@@ -185,7 +176,7 @@ class _Backlog:
         self, tenants: tuple[Profile, ...] = BACKLOGGED, per_tenant: int = TRAJECTORIES_PER_TENANT
     ) -> None:
         rng = random.Random(8)
-        config = _config(
+        config = tenant_config(
             [(n, w, max(i + o for _, i, o in mix)) for n, w, mix in tenants],
             BACKLOG_QUANTUM,
             BACKLOG_CAP,
@@ -204,7 +195,7 @@ class _Backlog:
         # Sizes are drawn before timing so the loop measures the admitter, not the RNG; one
         # sequence per profile, read at one running count: successive calls of a tenant come
         # from far apart in its sequence, so the copies of a profile do not move in step.
-        self.sequences = [[_sizes(rng, mix) for _ in range(4096)] for _, _, mix in BACKLOGGED]
+        self.sequences = [[call_sizes(rng, mix) for _ in range(4096)] for _, _, mix in BACKLOGGED]
         self.group = {n: BACKLOGGED[i % len(BACKLOGGED)][0] for i, (n, _, _) in enumerate(tenants)}
         self.drawn = 0
         for lane, (name, _, _) in enumerate(tenants):
@@ -315,7 +306,7 @@ class _Weighted:
 
     def __init__(self, clock: list[float], mix: tuple[tuple[float, int, int], ...]) -> None:
         largest = max(i + o for _, i, o in mix)
-        config = _config(
+        config = tenant_config(
             [("quiet", 1, largest), ("neighbour", 1, largest)],
             NOISY_QUANTUM,
             largest + NOISY_QUANTUM,
@@ -366,7 +357,7 @@ def _poisson(
     rng = random.Random(seed)
     t = rng.expovariate(rate)
     while t <= horizon:
-        yield t, _sizes(rng, mix)
+        yield t, call_sizes(rng, mix)
         t += rng.expovariate(rate)
 
 
@@ -412,130 +403,3 @@ def _noisy(
 
 def _at(arrival: tuple[float, tuple[int, int]] | None) -> float:
     return math.inf if arrival is None else arrival[0]
-
-
-# --- part 3 ---------------------------------------------------------------------------------
-
-
-def _redis_setup(client: Any, prefix: str) -> tuple[RedisAdmitter, AdmissionConfig]:
-    config = _config(
-        [(n, w, max(i + o for _, i, o in mix)) for n, w, mix in BACKLOGGED],
-        BACKLOG_QUANTUM,
-        BACKLOG_CAP,
-        max_ready=TRAJECTORIES_PER_TENANT,
-        in_flight=IN_FLIGHT_CAP,
-    )
-    gates = RedisGates(
-        client, GateConfig.from_mapping({"routes": {REDIS_ROUTE: {}}}), prefix=prefix
-    )
-    return RedisAdmitter(client, config, prefix=prefix, gates=gates), config
-
-
-def _redis_worker(
-    url: str, prefix: str, quota: int, batch: int, ready: Any, start: Any, done: Any
-) -> None:
-    """One admitter process: claim, confirm, requeue, ``quota`` times after the common start;
-    ``batch`` calls per round trip (1: one call per script run, the plain interface)."""
-    admitter, _ = _redis_setup(client_from_url(url), prefix)
-    ready.release()
-    start.wait()
-    admitted = 0
-    while admitted < quota:
-        claims: tuple[Claim, ...]
-        if batch == 1:
-            claim = admitter.nominate()
-            claims = () if claim is None else (claim,)
-            if claim is not None:
-                admitter.confirm(claim)
-        else:
-            claims = admitter.claim_many(min(batch, quota - admitted)).claims
-            admitter.confirm_many(claims)
-        if not claims:  # every call is claimed by the others this instant
-            continue
-        admitter.release_many(
-            EndedTurn(c.call.tenant, c.call.trajectory_id, c.claim_id) for c in claims
-        )
-        admitter.requeue_many(
-            ReturningCall(
-                c.call.tenant,
-                c.call.trajectory_id,
-                c.call.input_tokens,
-                c.call.output_allowance,
-                None,
-                c.call.route,
-            )
-            for c in claims
-        )
-        admitted += len(claims)
-    done.put((admitted, time.perf_counter()))
-
-
-def _through_redis(processes: int, admissions: int) -> dict[str, object]:
-    url = Settings.from_env(os.environ).redis_url
-    result: dict[str, object] = {"redis_admitters": processes}
-    for batch, suffix in ((REDIS_BATCH, ""), (1, "_unbatched")):
-        try:
-            admitted, rate, shares = _redis_run(url, processes, admissions, batch)
-        except (ReinsError, OSError, RuntimeError, RedisError) as exc:
-            result[f"redis_admissions{suffix}"] = 0
-            result[f"redis_admissions_per_s{suffix}"] = None
-            result["redis_error"] = str(exc)
-            continue
-        result[f"redis_admissions{suffix}"] = admitted
-        result[f"redis_admissions_per_s{suffix}"] = rate
-        if suffix == "":
-            result["redis_claim_batch"] = batch
-            result["redis_charge_share_pct"] = shares
-    return result
-
-
-def _redis_run(
-    url: str, processes: int, admissions: int, batch: int
-) -> tuple[int, int, dict[str, float]]:
-    prefix = f"reins-bench-admitter-{uuid.uuid4().hex[:12]}"
-    client = client_from_url(url)
-    try:
-        admitter, _ = _redis_setup(client, prefix)
-        assert admitter.gates is not None
-        admitter.gates.configure()
-        rng = random.Random(9)
-        for name, _, mix in BACKLOGGED:
-            for k in range(TRAJECTORIES_PER_TENANT):
-                i, o = _sizes(rng, mix)
-                admitter.submit(
-                    name, f"{name}-{k}", input_tokens=i, output_allowance=o, route=REDIS_ROUTE
-                )
-        ctx = multiprocessing.get_context("spawn")
-        ready, start, done = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
-        quota = admissions // processes
-        workers = [
-            ctx.Process(target=_redis_worker, args=(url, prefix, quota, batch, ready, start, done))
-            for _ in range(processes)
-        ]
-        for w in workers:
-            w.start()
-        try:
-            for _ in workers:
-                if not ready.acquire(timeout=60):
-                    raise RuntimeError("an admitter process did not start")
-            began = time.perf_counter()
-            start.set()
-            results = [done.get(timeout=600) for _ in workers]
-        finally:
-            for w in workers:
-                w.join(timeout=10)
-                if w.is_alive():
-                    w.kill()  # one this run started, by its handle
-        admitted = sum(n for n, _ in results)
-        elapsed = max(t for _, t in results) - began
-        charge = [c for _, c in admitter.admitted()]
-        shares = {
-            n: round(100 * c / sum(charge), 3)
-            for (n, _, _), c in zip(BACKLOGGED, charge, strict=True)
-        }
-        return admitted, round(admitted / elapsed), shares
-    finally:
-        with contextlib.suppress(RedisError):
-            keys = list(client.scan_iter(match=f"{{{prefix}:*", count=1000))
-            if keys:
-                client.delete(*keys)

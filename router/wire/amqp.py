@@ -17,7 +17,6 @@ goes again with the next flush on a new connection. Design: ``docs/adr/0180-amqp
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -302,7 +301,7 @@ class AmqpPublisher:
         """Close the connection (buffered messages stay buffered)."""
         with self._lock:
             conn, self._conn, self._channel, self._producer = self._conn, None, None, None
-            _close(conn)
+            close_connection(conn)
 
     def _publish(self, batch: list[_Outgoing]) -> tuple[list[_Outgoing], int]:
         """Publish ``batch`` and wait for every confirm: (the messages to send again, the number
@@ -368,7 +367,7 @@ class AmqpPublisher:
             channel.events["basic_nack"].add(self._on_nack)
             channel.events["basic_return"].add(self._on_return)
         except BaseException:
-            _discard(conn)
+            discard_connection(conn)
             raise
         self._conn, self._channel = conn, channel
         self._version = server_version(conn)
@@ -396,81 +395,10 @@ class AmqpPublisher:
 
     def _reset(self) -> None:
         conn, self._conn, self._channel, self._producer = self._conn, None, None, None
-        _discard(conn)
+        discard_connection(conn)
 
 
-class AmqpQueue:
-    """One member's queue, read by its worker: its depth, and taking its turns out (a drain
-    whose grace ran out). Thread-safe (the heartbeat and the drain share it); a call that fails
-    drops the connection, and the next one connects again."""
-
-    def __init__(self, settings: Settings, name: str) -> None:
-        self.settings, self.name = settings, name
-        self._conn: Connection | None = None
-        self._lock = threading.Lock()
-
-    def depth(self) -> int:
-        """Messages ready in the queue (not those a consumer holds); 0 if it is not there."""
-        with self._lock:
-            try:
-                channel = self._channel()
-                ok = channel.queue_declare(self.name, passive=True)
-                return int(ok.message_count)
-            except amqp.exceptions.NotFound:
-                self._reset()
-                return 0
-            except BaseException:
-                self._reset()
-                raise
-
-    def take(self, limit: int, wanted: str) -> list[Any]:
-        """Take up to ``limit`` messages of task ``wanted`` out of the queue, oldest first: the
-        first argument of each. A message of another task goes back (to the end of a quorum
-        queue) and taking stops there."""
-        out: list[Any] = []
-        with self._lock:
-            try:
-                channel = self._channel()
-                while len(out) < limit:
-                    message = channel.basic_get(self.name, no_ack=False)
-                    if message is None:
-                        break
-                    args = _turn_args(message, wanted)
-                    if args is None:
-                        channel.basic_reject(message.delivery_tag, requeue=True)
-                        break
-                    out.append(args)
-                    channel.basic_ack(message.delivery_tag)
-            except amqp.exceptions.NotFound:
-                self._reset()
-            except BaseException:
-                self._reset()
-                raise
-        return out
-
-    def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            conn, self._conn = self._conn, None
-            _close(conn)
-
-    def _channel(self) -> Any:
-        if self._conn is None:
-            conn = connect(self.settings)
-            try:
-                conn.connect()
-            except BaseException:
-                _discard(conn)
-                raise
-            self._conn = conn
-        return self._conn.default_channel
-
-    def _reset(self) -> None:
-        conn, self._conn = self._conn, None
-        _discard(conn)
-
-
-def _discard(conn: Any) -> None:
+def discard_connection(conn: Any) -> None:
     """Drop a connection that failed: its socket closed at once, no goodbye to a server that
     may not answer."""
     if conn is None:
@@ -481,23 +409,11 @@ def _discard(conn: Any) -> None:
         log.debug("discarding a broken broker connection: %s", exc)
 
 
-def _close(conn: Any) -> None:
+def close_connection(conn: Any) -> None:
     """Close a connection politely, or drop it if that fails."""
     if conn is None:
         return
     try:
         conn.release()
     except Exception:
-        _discard(conn)
-
-
-def _turn_args(message: Any, wanted: str) -> Any:
-    """The first argument of a task message of task ``wanted`` (None for any other message)."""
-    headers = getattr(message, "headers", None) or message.properties.get("application_headers")
-    if not headers or headers.get("task") != wanted:
-        return None
-    try:
-        body = json.loads(message.body)
-        return body[0][0]
-    except (ValueError, IndexError, TypeError, KeyError):
-        return None
+        discard_connection(conn)

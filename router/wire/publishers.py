@@ -16,7 +16,8 @@ from celery import Celery
 from kombu.entity import Queue
 
 from kernel.settings import Settings
-from router.wire.amqp import AmqpPublisher, AmqpQueue, probe_queue
+from router.wire.amqp import AmqpPublisher, probe_queue
+from router.wire.amqp_queue import AmqpQueue
 from router.wire.broker import (
     TURN_TASK,
     BrokerKind,

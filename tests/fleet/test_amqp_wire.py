@@ -26,7 +26,6 @@ from kernel.settings import Settings
 from router.wire.amqp import (
     QUEUE_EXPIRES_MS,
     AmqpPublisher,
-    AmqpQueue,
     _Confirms,
     connect,
     delete_queues,
@@ -34,6 +33,7 @@ from router.wire.amqp import (
     probe_queue,
     server_version,
 )
+from router.wire.amqp_queue import AmqpQueue
 from router.wire.broker import NOOP_TASK, TURN_TASK, celery_queue, make_app, turn_repr
 from router.wire.publishers import AmqpMemberQueue
 from router.wire.publishers import member_queue as queue_of_member
