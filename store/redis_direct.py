@@ -8,6 +8,7 @@ cluster's for batches) keeps its own paths.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -54,6 +55,7 @@ class _Forks:
 
 
 _FORKS = _Forks()
+log = logging.getLogger("reins.store")
 
 
 #: How often a process asks its Sentinels where the master is, for its pinned connections.
@@ -74,6 +76,7 @@ class _Master:
         self._pool = pool
         self._asked = time.monotonic()
         self._asking = threading.Lock()
+        self._named: Any = None  # the master the last answer named
 
     def replaced(self, conn: Any) -> bool:
         """Whether ``conn`` talks to a master the Sentinels no longer name."""
@@ -81,7 +84,11 @@ class _Master:
         if now - self._asked >= FOLLOW_S and self._asking.acquire(blocking=False):
             try:
                 self._asked = now
-                self._pool.get_master_address()  # type: ignore[no-untyped-call]  # drops idle ones
+                named = self._pool.get_master_address()  # type: ignore[no-untyped-call]
+                if named != self._named:  # also dropped the pool's idle connections
+                    if self._named is not None:
+                        log.warning("the Sentinels name a new master %s: connections move", named)
+                    self._named = named
             except RedisError:
                 pass  # no Sentinel answered, or none names a master: keep the last one
             finally:
