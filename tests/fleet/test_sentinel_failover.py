@@ -45,6 +45,7 @@ from tests.fleet.faults import BACKEND_URL_VAR
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
     ROOMY_TOTAL,
+    STORE_FAULT_ENV,
     caller_api,
     effects_by_order,
     order_of,
@@ -88,12 +89,7 @@ def test_a_master_failed_over_under_load_ends_every_trajectory_and_doubles_nothi
     env = {
         **fleet_env,
         "REINS_REDIS_URL": group.url,
-        "REINS_HEARTBEAT_TIMEOUT_S": "2",
-        "REINS_VISIBILITY_TIMEOUT_S": "300",
-        "REINS_STALL_TIMEOUT_S": "4",
-        "REINS_SCRIPTED_LATENCY_S": "1.0",
-        "REINS_REDIS_TIMEOUT_S": "1.5",
-        "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
+        **STORE_FAULT_ENV,
     }
     prefix = env["REINS_KEY_PREFIX"]
     (tmp_path / "fleet").mkdir()
