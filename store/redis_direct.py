@@ -8,8 +8,10 @@ cluster's for batches) keeps its own paths.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -21,10 +23,12 @@ from redis.exceptions import (
     AskError,
     ClusterDownError,
     MovedError,
+    RedisError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
+from redis.sentinel import SentinelConnectionPool
 
 from store.redis_client import Batch
 
@@ -51,6 +55,46 @@ class _Forks:
 
 
 _FORKS = _Forks()
+log = logging.getLogger("reins.store")
+
+
+#: How often a process asks its Sentinels where the master is, for its pinned connections.
+FOLLOW_S = 0.25
+
+
+class _Master:
+    """Where a Sentinel pool's master is: asked of the Sentinels at most every
+    :data:`FOLLOW_S`, by one thread at a time (the others go on with the last answer).
+
+    A connection pinned to a master the Sentinels replaced is never given back to the pool,
+    which would see it then; and after ``SENTINEL FAILOVER`` the old master takes writes
+    until the Sentinels turn it into a replica, seconds later, which drops them. Asking is
+    what moves the pinned connections within a fraction of a second of the Sentinels'
+    switch. No Sentinel answering keeps the last address."""
+
+    def __init__(self, pool: SentinelConnectionPool) -> None:
+        self._pool = pool
+        self._asked = time.monotonic()
+        self._asking = threading.Lock()
+        self._named: Any = None  # the master the last answer named
+
+    def replaced(self, conn: Any) -> bool:
+        """Whether ``conn`` talks to a master the Sentinels no longer name."""
+        now = time.monotonic()
+        if now - self._asked >= FOLLOW_S and self._asking.acquire(blocking=False):
+            try:
+                self._asked = now
+                named = self._pool.get_master_address()  # type: ignore[no-untyped-call]
+                if named != self._named:  # also dropped the pool's idle connections
+                    if self._named is not None:
+                        log.warning("the Sentinels name a new master %s: connections move", named)
+                    self._named = named
+            except RedisError:
+                pass  # no Sentinel answered, or none names a master: keep the last one
+            finally:
+                self._asking.release()
+        address = self._pool.master_address
+        return address is not None and (conn.host, conn.port) != address
 
 
 class _Pinned:
@@ -62,16 +106,23 @@ class _Pinned:
 
     A connection that the server closed while idle fails its next call with a connection
     error, which the caller's retries treat as any transient error: the retry takes a fresh
-    connection."""
+    connection. On a Sentinel's pool, a connection to a master the Sentinels replaced is
+    spent at its next call (:class:`_Master`), and the call takes one to the new master."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
         self._local = threading.local()
+        follow = isinstance(pool, SentinelConnectionPool) and pool.is_master
+        self._master = _Master(pool) if follow else None
         _FORKS.watch()
 
     def get(self) -> Any:
         local = self._local
         conn = getattr(local, "conn", None)
+        master = self._master
+        if conn is not None and local.forks == _FORKS.count and master and master.replaced(conn):
+            self.spend(conn)
+            conn = None
         if conn is None or local.forks != _FORKS.count:  # a forked child never reuses a socket
             conn = local.conn = self._pool.get_connection()
             local.pack = _packer(conn)

@@ -33,6 +33,19 @@ UNDEDUPLICATED = "tests.fleet.faults:undeduplicated_store"
 #: then the kernel's own discipline (register before send, look up a recovered write), so a
 #: build that breaks it fails them; the look-up is a net for a store that lost commits.
 KERNEL_ALONE = {"REINS_LOOK_UP_BEFORE_WRITE": "false"}
+#: The settings of a fleet whose store's Redis fails under it: quick heartbeats and Redis
+#: timeouts, model calls of 1 s (turns in flight), a broker visibility timeout past the test's
+#: end (every recovery is reins's own).
+STORE_FAULT_ENV = {
+    "REINS_HEARTBEAT_INTERVAL_S": "0.25",
+    "REINS_HEARTBEAT_TIMEOUT_S": "2",
+    "REINS_VISIBILITY_TIMEOUT_S": "300",
+    "REINS_MAX_TURN_S": "3",
+    "REINS_STALL_TIMEOUT_S": "4",
+    "REINS_SCRIPTED_LATENCY_S": "1.0",
+    "REINS_REDIS_TIMEOUT_S": "1.5",
+    "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
+}
 #: An order total with room for three of the agent's 3,000-cent refunds, so a refund sent twice
 #: is not refused by the store's own rule and shows in the effects.
 ROOMY_TOTAL = 9_000

@@ -27,6 +27,7 @@ from tests.fleet.harness import refund_job, seed_orders, submit_refunds
 from tests.fleet.processes import (
     KERNEL_ALONE,
     ROOMY_TOTAL,
+    STORE_FAULT_ENV,
     UNDEDUPLICATED,
     caller_api,
     sent_twice,
@@ -89,14 +90,7 @@ def test_a_redis_restart_under_load_ends_no_process_and_loses_nothing(
         **fleet_env,
         "REINS_REDIS_URL": server.url,
         "REINS_BROKER_URL": server.url,
-        "REINS_HEARTBEAT_INTERVAL_S": "0.25",
-        "REINS_HEARTBEAT_TIMEOUT_S": "2",
-        "REINS_VISIBILITY_TIMEOUT_S": "300",
-        "REINS_MAX_TURN_S": "3",
-        "REINS_STALL_TIMEOUT_S": "4",
-        "REINS_SCRIPTED_LATENCY_S": "1.0",
-        "REINS_REDIS_TIMEOUT_S": "1.5",
-        "REINS_REDIS_CONNECT_TIMEOUT_S": "1",
+        **STORE_FAULT_ENV,
         **KERNEL_ALONE,
     }
     prefix = env["REINS_KEY_PREFIX"]

@@ -1,5 +1,6 @@
 """A ``redis+sentinel://`` URL gives the client of the master a real Sentinel names: a
-redis-server and a redis-server in Sentinel mode of the test's own, on free loopback ports."""
+redis-server and a redis-server in Sentinel mode of the test's own, on free loopback ports;
+and the hot path's pinned connections follow the master the Sentinels fail over to."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import redis
 
 from ops.local.cluster import free_ports
 from store.redis_client import client_from_url, is_cluster
+from store.redis_direct import direct_command
 from store.redis_store import RedisStore
 from tests.contract.advance_worker import make_record, next_version
+from tests.support.redis_sentinel import SentinelGroup
 from tests.support.redis_server import OwnRedis
 from tests.support.waiting import wait_for
 
@@ -73,3 +76,23 @@ def test_a_sentinel_url_reaches_the_master_and_the_store_works_on_it(sentinel_ur
     assert store.load("acme", "t1").record_version == 2
     assert store.list("acme") == ["t1"]
     store.close()
+
+
+def test_a_pinned_connection_follows_the_sentinels_to_the_new_master(tmp_path: Path) -> None:
+    """After ``SENTINEL FAILOVER`` the old master takes writes until the Sentinels make it a
+    replica (seconds later, dropping them): the hot path's pinned connection must not wait
+    for that, but move as soon as the Sentinels name the new master."""
+    group = SentinelGroup(tmp_path / "group")
+    try:
+        group.start()
+        client = client_from_url(group.url, connect_timeout_s=1, timeout_s=1)
+        execute = direct_command(client)
+        assert execute("SET", "probe", "before") == b"OK"
+        group.fail_over()
+        group.wait_promoted(30)
+        assert execute("SET", "probe", "after") == b"OK"
+        with redis.Redis(port=group.replica.port) as new_master:
+            assert new_master.get("probe") == b"after", "the write went to the old master"
+        client.close()
+    finally:
+        group.stop()

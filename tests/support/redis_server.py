@@ -36,6 +36,7 @@ class OwnRedis:
     dir: Path
     port: int = field(default_factory=free_port)
     fsync: str = "always"  # appendfsync: always, everysec
+    args: tuple[str, ...] = ()  # more of redis-server's options (``--replicaof`` ...)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -49,7 +50,7 @@ class OwnRedis:
             pytest.fail("redis-server is not installed (make test installs it)")
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
         args += ["--appendonly", "yes", "--appendfsync", self.fsync, "--save", ""]
-        args += ["--logfile", str(self.dir / "redis.log")]
+        args += ["--logfile", str(self.dir / "redis.log"), *self.args]
         self.proc = subprocess.Popen([binary, *args])
         probe = redis.Redis.from_url(self.url, socket_timeout=1)
         proc = self.proc
