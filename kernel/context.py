@@ -32,9 +32,9 @@ from kernel.record import (
     SettlementOwner,
     TrajectoryRecord,
 )
-from kernel.render import Estimator, estimate_tokens
+from kernel.render import SYSTEM_PROMPT, Estimator, estimate_tokens
 from kernel.states import LIVE, LifecycleState, StopReason, terminal_state_for
-from kernel.tools import ToolSpec
+from kernel.tools import ToolSpec, wire_tools
 
 S = LifecycleState
 
@@ -65,16 +65,14 @@ class KernelContext:
 
     @cached_property
     def unseen_tokens(self) -> int:
-        """Input tokens of every call that the view's estimate does not count: the provider's
-        framing, and the tool schemas when the model is sent them (computed once)."""
+        """Input tokens of every call that the view's estimate does not count (computed once):
+        the provider's framing; and for a model reached over a protocol (sent the tool
+        schemas), its system message and the schemas in the form they are sent."""
         model = self.agent.model
         if not model.sends_tool_schemas:
             return model.framing_tokens
-        schemas = [
-            {"name": spec.name, "description": spec.description, "parameters": spec.json_schema()}
-            for spec in self.agent.catalog.tools.values()
-        ]
-        return model.framing_tokens + self.estimator(plain_text(schemas))
+        sent = plain_text(wire_tools(self.agent.catalog.tools.values()))
+        return model.framing_tokens + self.estimator(SYSTEM_PROMPT) + self.estimator(sent)
 
     def reserved_input(self, estimated: int) -> int:
         """The input tokens admission reserves for a view estimated at ``estimated``."""

@@ -92,3 +92,15 @@ def bound_result(
         else:
             summary[key] = {"omitted_tokens": estimator(json.dumps(value))}
     return {"handle": handle, "tokens": size, "summary": summary}
+
+
+#: What a model reached over a protocol is told once per call, before the view (the providers
+#: send it as the system message); the kernel's reservation counts it.
+SYSTEM_PROMPT = (
+    "You act for a reins agent. Each user message is a JSON view of the task: goal, plan with "
+    "step statuses, facts, last_result and the remaining budget. Answer in exactly one way: "
+    "call one or more tools (set plan_step to the id of the plan step a call carries out); or "
+    'reply with a JSON object only: {"type": "plan", "steps": [{"id": ..., "tool": ..., '
+    '"depends_on": [...]}]} to set a plan, or {"type": "final", "outcome": "completed", '
+    '"text": ...} when the task is done.'
+)

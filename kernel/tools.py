@@ -239,3 +239,32 @@ class ToolBackend(Protocol):
         """Whether the effect of ``key`` happened: its stored result, or status ``absent``;
         ``fence`` is remembered for the key before the answer is given."""
         ...
+
+
+#: The argument every tool is sent with, so a model can say which plan step a call carries out
+#: (the kernel keys idempotency by plan step); a tool whose own schema has it keeps its own.
+PLAN_STEP = "plan_step"
+PLAN_STEP_SCHEMA = {
+    "type": "string",
+    "description": "The id of the plan step this call carries out, if it carries one out.",
+}
+
+
+def wire_tools(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
+    """The specs as a model protocol is sent them (chat-completions ``tools``: ``{"type":
+    "function", "function": {"name", "description", "parameters"}}``): each argument schema is
+    the spec's own, plus :data:`PLAN_STEP`. The kernel's reservation counts them as sent."""
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        params = dict(spec.json_schema())
+        params.pop("title", None)
+        props = dict(params.get("properties") or {})
+        if PLAN_STEP not in props:
+            props[PLAN_STEP] = PLAN_STEP_SCHEMA
+        params["properties"] = props
+        params.setdefault("type", "object")
+        function: dict[str, Any] = {"name": spec.name, "parameters": params}
+        if spec.description:
+            function["description"] = spec.description
+        out.append({"type": "function", "function": function})
+    return out

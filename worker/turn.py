@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from kernel.context import KernelContext, StepResult
+from kernel.errors import ReinsError
 from kernel.events import (
     CancelCall,
     Enqueue,
@@ -256,11 +257,19 @@ class TurnRunner:
         version = end.rec.record_version
         return TurnReport(end.kind, end.reason, version - first, version), nxt
 
+    def _ready(self, rec: TrajectoryRecord, msg: TurnMessage) -> Notice:
+        """The READY notice of ``rec``, its next call pre-debited as its agent reserves it."""
+        try:
+            ctx: KernelContext | None = self.tools.agents.context(rec.agent)
+        except ReinsError:  # it ran here a moment ago; if it cannot load now, the view alone
+            ctx = None
+        return ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent), ctx)
+
     def _notify(self, msg: TurnMessage, end: Ended) -> None:
         """Push the one notice of a turn that ended here (``end``, committed)."""
         rec = end.rec
         if end.kind is NoticeKind.READY:
-            notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
+            notice = self._ready(rec, msg)
         else:
             if end.kind is NoticeKind.FINISHED:
                 self._carrier.remember_episode(rec)
@@ -349,7 +358,7 @@ class TurnRunner:
             end = self._land(turn, end)
             self._notify(msg, end)
             return end, None
-        notice = ready_notice(rec, msg.call_id, self.clock(), self.tools.route(rec.agent))
+        notice = self._ready(rec, msg)
         self._ending.let_go(msg)
         pending = end.pending
         landed: list[Ended] = []

@@ -141,12 +141,13 @@ def rebuild_queues(
     queued = 0
     for rec in records:
         try:
-            model = agents.get(rec.agent)[0].profile.model
+            agent, ctx = agents.get(rec.agent)
         except ReinsError:
             continue
+        model = agent.profile.model
         route = route_of(model.provider, model.name)
         if rec.state is LifecycleState.READY:
-            dispatcher.requeue(ready_notice(rec, "", time.time(), route))
+            dispatcher.requeue(ready_notice(rec, "", time.time(), route, ctx))
             queued += 1
         else:
             _running(rec, route, dispatcher, running)

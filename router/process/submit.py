@@ -21,9 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kernel.context import StepResult
+from kernel.context import KernelContext, StepResult
 from kernel.errors import (
     InvalidInput,
+    ReinsError,
     SnapshotExists,
     StoreError,
     SubmissionRefused,
@@ -43,7 +44,6 @@ from kernel.events import (
 from kernel.memory import MemoryKind, Visibility, ms
 from kernel.memory_tools import MemoryPolicy, episode_view, goal_tags
 from kernel.record import ControlKind, TrajectoryRecord
-from kernel.render import estimate_tokens, render
 from kernel.states import ACTING, LifecycleState
 from router.admission.gates import GateConfig
 from router.admission.local import Admitter
@@ -56,7 +56,7 @@ from router.fleet.observe import CommitObserver
 from router.placement.ring import Ring
 from router.process.dispatch import Sender, placement_key
 from router.wire.feed import Feed, route_of
-from router.wire.notices import ready_notice
+from router.wire.notices import call_input, ready_notice
 from router.wire.turns import TurnMessage, worker_commands
 from store.base import TrajectoryStore
 from store.memory_base import MemoryBank
@@ -157,7 +157,7 @@ class RouterApi:
                 f"agent {job.agent!r} is not among those tenant {tenant!r} may run; "
                 f"allowed: {', '.join(cfg.agents or ()) or 'none'}"
             )
-        agent, _ = self.agents.get(job.agent)
+        agent, ctx = self.agents.get(job.agent)
         budget = agent.profile.budget.with_overrides(f"{k}={v}" for k, v in job.budget.items())
         now = self.clock()
         rec = TrajectoryRecord.create(
@@ -172,7 +172,7 @@ class RouterApi:
         )
         rec.episodes = self._recall_episodes(rec, agent.profile.memory) or None
         route = self._route(route_of(agent.profile.model.provider, agent.profile.model.name))
-        tokens, allowance = estimate_tokens(render(rec)), budget.max_output_tokens
+        tokens, allowance = call_input(rec, ctx), budget.max_output_tokens
         # The admitter's own edge checks (tenant, class, call size, budget maxima, route), on a
         # scratch admitter so nothing is queued yet; then the backlog, read from the store.
         Admitter(self.config, self.clock).submit(
@@ -231,10 +231,14 @@ class RouterApi:
 
     def _queue(self, rec: TrajectoryRecord, route: str | None) -> None:
         """Put a READY record in its tenant's queue (the shared admitter, or the feed)."""
+        try:
+            ctx: KernelContext | None = self.agents.context(rec.agent)
+        except ReinsError:  # its agent cannot be loaded here: the view's estimate alone
+            ctx = None
         if self.admitter is None:
-            self.feed.push(ready_notice(rec, "", self.clock(), route or ""))
+            self.feed.push(ready_notice(rec, "", self.clock(), route or "", ctx))
             return
-        tokens, allowance = estimate_tokens(render(rec)), rec.budget.max_output_tokens
+        tokens, allowance = call_input(rec, ctx), rec.budget.max_output_tokens
         try:
             self.admitter.requeue(
                 rec.tenant,

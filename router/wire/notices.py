@@ -16,9 +16,10 @@ from typing import Any
 
 import orjson
 
+from kernel.context import KernelContext
 from kernel.errors import InvalidInput
 from kernel.record import TrajectoryRecord
-from kernel.render import Estimator, estimate_tokens, render
+from kernel.render import estimate_tokens, render
 from router.admission.claims import ReturningCall
 
 #: The notice format this build writes; it reads this one and format 1.
@@ -150,21 +151,33 @@ def _check(body: dict[str, Any]) -> None:
         raise TypeError("rate_limits must map header names to strings")
 
 
+def call_input(rec: TrajectoryRecord, ctx: KernelContext | None) -> int:
+    """The input tokens ``rec``'s next model call pre-debits at its gate: what the kernel will
+    reserve for it (the view's estimate, the model's margin, its framing and the tool schemas
+    it is sent), so the gate admits no more than the provider counts. Without the agent's
+    context (it cannot be loaded here), the view's estimate alone."""
+    view = render(rec)
+    if ctx is None:
+        return estimate_tokens(view)
+    return ctx.reserved_input(ctx.estimator(view))
+
+
 def ready_notice(
     rec: TrajectoryRecord,
     call_id: str,
     now: float,
     route: str = "",
-    estimator: Estimator = estimate_tokens,
+    ctx: KernelContext | None = None,
 ) -> Notice:
-    """The READY notice of ``rec``: its next call's charge is its view plus its output cap."""
+    """The READY notice of ``rec``: its next call's charge is :func:`call_input` plus its
+    output cap."""
     return Notice(
         NoticeKind.READY,
         rec.tenant,
         rec.trajectory_id,
         rec.record_version,
         call_id,
-        estimator(render(rec)),
+        call_input(rec, ctx),
         rec.budget.max_output_tokens,
         now,
         route,

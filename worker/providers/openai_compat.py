@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kernel.events import ReplyStatus
+from kernel.render import SYSTEM_PROMPT
 from kernel.tools import ToolSpec
 from worker.models import ModelReply
 from worker.providers.http import HEAD_BYTES, Answer
@@ -24,7 +25,6 @@ from worker.providers.sse import ProtocolError, sse_payloads
 from worker.providers.stream import DONE, Accumulator, error_text, finished
 from worker.providers.streaming import (
     MAX_BODY,
-    SYSTEM_PROMPT,
     Folding,
     Observer,
     StreamedProvider,

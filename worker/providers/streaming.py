@@ -20,20 +20,13 @@ from typing import Protocol
 
 from kernel.amounts import Usage
 from kernel.events import ReplyStatus
+from kernel.render import SYSTEM_PROMPT
 from kernel.tools import ToolSpec
 from worker.models import ModelReply
 from worker.providers.headers import latency_from, rate_limit_headers, retry_after
 from worker.providers.http import Answer, HttpPool, PoolOptions, TransportError
 from worker.providers.sse import ProtocolError, StreamCut
 
-SYSTEM_PROMPT = (
-    "You act for a reins agent. Each user message is a JSON view of the task: goal, plan with "
-    "step statuses, facts, last_result and the remaining budget. Answer in exactly one way: "
-    "call one or more tools (set plan_step to the id of the plan step a call carries out); or "
-    'reply with a JSON object only: {"type": "plan", "steps": [{"id": ..., "tool": ..., '
-    '"depends_on": [...]}]} to set a plan, or {"type": "final", "outcome": "completed", '
-    '"text": ...} when the task is done.'
-)
 MAX_ERROR_BODY = 64 * 1024
 MAX_BODY = 16 * 1024 * 1024
 

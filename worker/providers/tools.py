@@ -17,31 +17,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kernel.tools import ToolSpec
-
-PLAN_STEP = "plan_step"
-_PLAN_STEP_SCHEMA = {
-    "type": "string",
-    "description": "The id of the plan step this call carries out, if it carries one out.",
-}
+from kernel.tools import PLAN_STEP, ToolSpec, wire_tools
 
 
 def openai_tools(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
-    """The specs as chat-completions ``tools`` (``{"type": "function", "function": ...}``)."""
-    out: list[dict[str, Any]] = []
-    for spec in specs:
-        params = dict(spec.json_schema())
-        params.pop("title", None)
-        props = dict(params.get("properties") or {})
-        if PLAN_STEP not in props:
-            props[PLAN_STEP] = _PLAN_STEP_SCHEMA
-        params["properties"] = props
-        params.setdefault("type", "object")
-        function: dict[str, Any] = {"name": spec.name, "parameters": params}
-        if spec.description:
-            function["description"] = spec.description
-        out.append({"type": "function", "function": function})
-    return out
+    """The specs as chat-completions ``tools`` (``{"type": "function", "function": ...}``):
+    the kernel's wire form (:func:`kernel.tools.wire_tools`), which its reservation counts."""
+    return wire_tools(specs)
 
 
 def anthropic_tools(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
