@@ -18,12 +18,12 @@ from collections.abc import Callable
 
 from kernel.context import KernelContext
 from kernel.errors import ControlFlow, InvalidInput
-from kernel.events import ApprovalDecided, ControlRequested, Event
+from kernel.events import ControlRequested, Event
 from kernel.record import ApprovalStatus, ControlKind, HeldProposal, TrajectoryRecord
 from kernel.states import LifecycleState
 from kernel.tools import ToolBackend
 from store.base import TrajectoryStore
-from worker.embedded import Clock, EmbeddedRunner, RunResult
+from worker.embedded import Clock, EmbeddedRunner, RunResult, decision_on
 from worker.models import Model
 from worker.resume import stored_runner
 
@@ -88,15 +88,7 @@ def decide(
 ) -> RunResult:
     """Approve or deny the request ``rec`` holds, as ``reviewer``, and run on."""
     held = held_request(rec, approval_id)
-    decision = ApprovalDecided(
-        now=runner.clock.now(),
-        approval_id=held.approval_id,
-        held_version=held.held_version,
-        digest=held.digest,
-        reviewer=reviewer,
-        approve=approve,
-        comment=comment,
-    )
+    decision = decision_on(held, runner.clock.now(), reviewer, approve, comment)
     return _run_on(runner, rec, decision)
 
 

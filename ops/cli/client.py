@@ -206,48 +206,34 @@ def _decide(trajectory_id: str, approve: bool, approval_id: str | None, as_json:
     console.print(f"{verb} {held['tool']} {json.dumps(held['arguments'])}: now {done['state']}")
 
 
-def approve_cmd(
-    trajectory_id: str = typer.Argument(...),
-    approval_id: str | None = APPROVAL,
-    tenant: str = TENANT,
-    reviewer: str = REVIEWER,
-    as_json: bool = JSON,
-) -> None:
-    """Approve the action the trajectory holds (as shown by reins show); without an API, on
-    the embedded store, and the run goes on to its end or its next suspension."""
-    if api_target.absent():
+def _decision(approve: bool) -> Any:
+    def command(
+        trajectory_id: str = typer.Argument(...),
+        approval_id: str | None = APPROVAL,
+        tenant: str = TENANT,
+        reviewer: str = REVIEWER,
+        as_json: bool = JSON,
+    ) -> None:
+        if not api_target.absent():
+            _decide(trajectory_id, approve, approval_id, as_json)
+            return
         embedded_control.decide(
             trajectory_id,
             tenant,
-            approve=True,
+            approve=approve,
             approval_id=approval_id,
             reviewer=reviewer,
             as_json=as_json,
         )
-        return
-    _decide(trajectory_id, True, approval_id, as_json)
 
-
-def deny_cmd(
-    trajectory_id: str = typer.Argument(...),
-    approval_id: str | None = APPROVAL,
-    tenant: str = TENANT,
-    reviewer: str = REVIEWER,
-    as_json: bool = JSON,
-) -> None:
-    """Deny the action the trajectory holds; without an API, on the embedded store, and the
-    run goes on as the kernel decides."""
-    if api_target.absent():
-        embedded_control.decide(
-            trajectory_id,
-            tenant,
-            approve=False,
-            approval_id=approval_id,
-            reviewer=reviewer,
-            as_json=as_json,
-        )
-        return
-    _decide(trajectory_id, False, approval_id, as_json)
+    command.__doc__ = (
+        "Approve the action the trajectory holds (as shown by reins show); without an API, on "
+        "the embedded store, and the run goes on to its end or its next suspension."
+        if approve
+        else "Deny the action the trajectory holds; without an API, on the embedded store, and "
+        "the run goes on as the kernel decides."
+    )
+    return command
 
 
 def _control(kind: ControlKind) -> Any:
@@ -277,8 +263,8 @@ def register(app: typer.Typer) -> None:
     app.command("show")(show_cmd)
     app.command("events")(events_cmd)
     app.command("approvals")(approvals_cmd)
-    app.command("approve")(approve_cmd)
-    app.command("deny")(deny_cmd)
+    app.command("approve")(_decision(approve=True))
+    app.command("deny")(_decision(approve=False))
     for kind in ControlKind:
         app.command(kind.value)(_control(kind))
 
