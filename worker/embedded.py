@@ -37,7 +37,7 @@ from kernel.events import (
 from kernel.fastmodel import construct
 from kernel.lifecycle import time_left
 from kernel.owed import MAX_LOOKUPS
-from kernel.record import TrajectoryRecord
+from kernel.record import HeldProposal, TrajectoryRecord
 from kernel.states import LIVE
 from kernel.step import step
 from kernel.tools import ToolBackend
@@ -194,17 +194,28 @@ class EmbeddedRunner:
     def approve(
         self,
         rec: TrajectoryRecord,
-        held: HoldForApproval,
+        held: HoldForApproval | HeldProposal,
         reviewer: str = "reviewer",
         approve: bool = True,
     ) -> RunResult:
         """Deliver a reviewer's decision on a held proposal and run on."""
-        decision = ApprovalDecided(
-            now=self.clock.now(),
-            approval_id=held.approval_id,
-            held_version=held.held_version,
-            digest=held.digest,
-            reviewer=reviewer,
-            approve=approve,
-        )
-        return self.run(rec, decision)
+        return self.run(rec, decision_on(held, self.clock.now(), reviewer, approve))
+
+
+def decision_on(
+    held: HoldForApproval | HeldProposal,
+    now: float,
+    reviewer: str,
+    approve: bool,
+    comment: str = "",
+) -> ApprovalDecided:
+    """A reviewer's decision naming exactly the held request: its id, version and digest."""
+    return ApprovalDecided(
+        now=now,
+        approval_id=held.approval_id,
+        held_version=held.held_version,
+        digest=held.digest,
+        reviewer=reviewer,
+        approve=approve,
+        comment=comment,
+    )

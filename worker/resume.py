@@ -9,6 +9,8 @@ same key, or asks the backend for that key's outcome, as each tool declares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.events import Event, Recover
@@ -34,9 +36,10 @@ def stored_runner(
     model: Model,
     backend: ToolBackend,
     clock: Clock | None = None,
+    bind: Callable[[TrajectoryRecord], ToolBackend] | None = None,
 ) -> EmbeddedRunner:
     """An embedded runner whose every step is committed to ``store`` before it acts."""
-    return EmbeddedRunner(ctx, model, backend, clock=clock, commit=store_commit(store))
+    return EmbeddedRunner(ctx, model, backend, clock=clock, commit=store_commit(store), bind=bind)
 
 
 def start(

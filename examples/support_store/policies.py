@@ -13,7 +13,8 @@ PLAN = [
 
 
 class RefundPolicy:
-    """Handles 'refund the damaged item and confirm by email' from the view it is shown."""
+    """Handles 'refund the damaged item and confirm by email' from the view it is shown; it
+    gives up once a reviewer denies the refund."""
 
     def __init__(self, order: str = "ord_1001", amount: int = 3000, latency: float = 1.5):
         self.order, self.amount, self.latency = order, amount, latency
@@ -33,6 +34,10 @@ class RefundPolicy:
         facts, o = view["facts"], self.order
         if not view["plan"]:
             return {"type": "plan", "steps": PLAN}, self.latency
+        if (view.get("last_result") or {}).get("reason") == "APPROVAL_DENIED":
+            # A reviewer said no: asking again for the same refund would only be denied again.
+            final = {"type": "final", "outcome": "cannot_complete", "text": "Refund denied."}
+            return final, self.latency
         done = {s["id"] for s in view["plan"] if s["status"] == "done"}
         if f"{o}.total_cents" not in facts:
             call = {"name": "get_order", "args": {"order_id": o}, "plan_step": "s1"}

@@ -47,6 +47,12 @@ def current() -> ApiTarget | None:
     return _TARGET[0]
 
 
+def absent() -> bool:
+    """True when neither variable was set: the commands that can act on the embedded store
+    (``REINS_SQLITE_PATH``) do so; one variable alone is a mistake :func:`require` names."""
+    return _TARGET[0] is None and not _MISSING[0]
+
+
 def require() -> ApiTarget:
     """The target; a :class:`ConfigError` saying what to set when there is none."""
     target = _TARGET[0]

@@ -1,5 +1,7 @@
 """The CLI's client commands, on the API (``REINS_API_URL``, ``REINS_API_KEY``): submit, ls,
-show, events, approvals, approve, deny, pause, resume, cancel, kill, interrupt, top.
+show, events, approvals, approve, deny, pause, resume, cancel, kill, interrupt, top. With
+neither variable set, approve, deny and the controls act on the embedded store instead
+(:mod:`ops.cli.embedded_control`).
 
 Tables for people, ``--json`` for scripts (one JSON object per line). A refusal prints the
 API's problem: what was wrong, with which field, and what to do.
@@ -17,7 +19,8 @@ from rich.table import Table
 
 from api.client import ReinsClient
 from kernel.errors import InvalidInput
-from ops.cli import api_target
+from kernel.record import ControlKind
+from ops.cli import api_target, embedded_control
 from ops.cli.api_target import connected
 from ops.cli.top import top_cmd
 
@@ -169,7 +172,20 @@ def approvals_cmd(as_json: bool = JSON) -> None:
         console.print(f"next: reins approve {held[0]['trajectory_id']}")
 
 
-def _decide(trajectory_id: str, approve: bool, as_json: bool) -> None:
+TENANT = typer.Option(
+    "default", "--tenant", help="without REINS_API_URL: the tenant in the embedded store"
+)
+APPROVAL = typer.Option(
+    None, "--approval", help="the approval id it must hold (refused if it holds another)"
+)
+REVIEWER = typer.Option(
+    "reviewer",
+    "--reviewer",
+    help="without REINS_API_URL: who decides, one of the agent's reviewers (the API: your key)",
+)
+
+
+def _decide(trajectory_id: str, approve: bool, approval_id: str | None, as_json: bool) -> None:
     with connected() as client:
         held = client.show(trajectory_id)["held_approval"]
         if held is None or held["status"] != "held":
@@ -178,7 +194,7 @@ def _decide(trajectory_id: str, approve: bool, as_json: bool) -> None:
             )
         done = client.decide(
             trajectory_id,
-            held["approval_id"],
+            approval_id or held["approval_id"],
             approve=approve,
             version=held["version"],
             digest=held["digest"],
@@ -190,26 +206,53 @@ def _decide(trajectory_id: str, approve: bool, as_json: bool) -> None:
     console.print(f"{verb} {held['tool']} {json.dumps(held['arguments'])}: now {done['state']}")
 
 
-def approve_cmd(trajectory_id: str = typer.Argument(...), as_json: bool = JSON) -> None:
-    """Approve the action the trajectory holds (as shown by reins show)."""
-    _decide(trajectory_id, True, as_json)
+def _decision(approve: bool) -> Any:
+    def command(
+        trajectory_id: str = typer.Argument(...),
+        approval_id: str | None = APPROVAL,
+        tenant: str = TENANT,
+        reviewer: str = REVIEWER,
+        as_json: bool = JSON,
+    ) -> None:
+        if not api_target.absent():
+            _decide(trajectory_id, approve, approval_id, as_json)
+            return
+        embedded_control.decide(
+            trajectory_id,
+            tenant,
+            approve=approve,
+            approval_id=approval_id,
+            reviewer=reviewer,
+            as_json=as_json,
+        )
+
+    command.__doc__ = (
+        "Approve the action the trajectory holds (as shown by reins show); without an API, on "
+        "the embedded store, and the run goes on to its end or its next suspension."
+        if approve
+        else "Deny the action the trajectory holds; without an API, on the embedded store, and "
+        "the run goes on as the kernel decides."
+    )
+    return command
 
 
-def deny_cmd(trajectory_id: str = typer.Argument(...), as_json: bool = JSON) -> None:
-    """Deny the action the trajectory holds."""
-    _decide(trajectory_id, False, as_json)
-
-
-def _control(kind: str) -> Any:
-    def command(trajectory_id: str = typer.Argument(...), as_json: bool = JSON) -> None:
+def _control(kind: ControlKind) -> Any:
+    def command(
+        trajectory_id: str = typer.Argument(...), tenant: str = TENANT, as_json: bool = JSON
+    ) -> None:
+        if api_target.absent():
+            embedded_control.control(trajectory_id, tenant, kind, as_json)
+            return
         with connected() as client:
-            done = client.control(trajectory_id, kind)
+            done = client.control(trajectory_id, kind.value)
         if as_json:
             _print_json(done)
         else:
             console.print(f"{kind}: {trajectory_id} now {done['state']} (v{done['version']})")
 
-    command.__doc__ = f"{kind.capitalize()} a trajectory."
+    command.__doc__ = (
+        f"{kind.value.capitalize()} a trajectory (without an API, one in the embedded store)."
+    )
     return command
 
 
@@ -220,9 +263,9 @@ def register(app: typer.Typer) -> None:
     app.command("show")(show_cmd)
     app.command("events")(events_cmd)
     app.command("approvals")(approvals_cmd)
-    app.command("approve")(approve_cmd)
-    app.command("deny")(deny_cmd)
-    for kind in ("pause", "resume", "cancel", "kill", "interrupt"):
-        app.command(kind)(_control(kind))
+    app.command("approve")(_decision(approve=True))
+    app.command("deny")(_decision(approve=False))
+    for kind in ControlKind:
+        app.command(kind.value)(_control(kind))
 
     app.command("top")(top_cmd)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from decimal import Decimal
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from kernel.record import ApprovalStatus, TrajectoryRecord
+from kernel.states import LifecycleState
 
 
 def summary(rec: TrajectoryRecord, effects: list[Any] | None = None) -> dict[str, Any]:
@@ -67,3 +71,24 @@ def effects_text(effects: list[Any]) -> str:
     """Effects in a few words: "refund 3000 + email"."""
     words = [" ".join(str(x) for x in e if not str(x).startswith("ord_")) for e in effects]
     return " + ".join(words) or "-"
+
+
+def report(rec: TrajectoryRecord, effects: list[Any], title: str, as_json: bool) -> None:
+    """Print how a run on the embedded runner stopped: its summary as one JSON object, or its
+    table and closing message, or what it is suspended in and how to carry it on."""
+    result = summary(rec, effects)
+    if as_json:
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+        return
+    console = Console(width=max(Console().width, 132))
+    console.print(table([result], title))
+    if result["closing_message"]:
+        console.print(result["closing_message"])
+        return
+    console.print(f"suspended in {result['state']}")
+    tid = rec.trajectory_id + ("" if rec.tenant == "default" else f" --tenant {rec.tenant}")
+    if result["held_approval"] and rec.held is not None:
+        console.print(f"held: {rec.held.tool} {json.dumps(rec.held.args)}", markup=False)
+        console.print(f"next: reins approve {tid}  (or reins deny {tid})")
+    elif rec.state is LifecycleState.PAUSED:
+        console.print(f"next: reins resume {tid}  (or reins cancel {tid})")
