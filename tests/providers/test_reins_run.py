@@ -66,7 +66,7 @@ def test_final_records_are_equal_field_for_field(
         records.append(rec)
         return report(rec, effects)
 
-    monkeypatch.setattr("ops.cli.run.summary", keep)
+    monkeypatch.setattr("ops.cli.report.summary", keep)
     monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(int=10))  # one trajectory id for both
     app = typer.Typer()
     cli_run.register(app)
