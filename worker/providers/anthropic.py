@@ -17,7 +17,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from kernel.events import ReplyStatus
 from kernel.tools import ToolSpec
 from worker.models import ModelReply
 from worker.providers.anthropic_stream import MessageFold, finished
@@ -66,11 +65,7 @@ class AnthropicMessages(StreamedProvider):
         except (json.JSONDecodeError, AttributeError):
             err = None
         what = f"HTTP {status}: " + (error_text(err) if err else body[:200])
-        if status in self.rejecting:
-            return ModelReply(status=ReplyStatus.REJECTED, detail=what)
-        if status == 408 or status >= 500:
-            return ModelReply(status=ReplyStatus.TRANSPORT_FAILURE, detail=what)
-        return ModelReply(status=ReplyStatus.FAULTED, detail=what)
+        return self._by_status(status, what)
 
     def _read(
         self,

@@ -70,13 +70,9 @@ class OpenAICompatible(StreamedProvider):
             err = None
         what = f"HTTP {status}: " + (error_text(err) if err else body[:200])
         code = err.get("code") if isinstance(err, dict) else None
-        if status in self.rejecting:
-            return ModelReply(status=ReplyStatus.REJECTED, detail=what)
         if status == 400 and code in ("content_filter", "content_policy_violation"):
             return ModelReply(status=ReplyStatus.REFUSED, detail=what)
-        if status == 408 or status >= 500:
-            return ModelReply(status=ReplyStatus.TRANSPORT_FAILURE, detail=what)
-        return ModelReply(status=ReplyStatus.FAULTED, detail=what)
+        return self._by_status(status, what)
 
     def _read(
         self,

@@ -114,6 +114,15 @@ class StreamedProvider(abc.ABC):
     def _http_error(self, status: int, body: str) -> ModelReply:
         """The reply for a non-200 answer with this body."""
 
+    def _by_status(self, status: int, what: str) -> ModelReply:
+        """An HTTP error's reply by its status: rejected (rate limited, retry later), a
+        transport failure (a timeout or the server's fault), or faulted (the request's)."""
+        if status in self.rejecting:
+            return ModelReply(status=ReplyStatus.REJECTED, detail=what)
+        if status == 408 or status >= 500:
+            return ModelReply(status=ReplyStatus.TRANSPORT_FAILURE, detail=what)
+        return ModelReply(status=ReplyStatus.FAULTED, detail=what)
+
     @abc.abstractmethod
     def _read(
         self,
