@@ -14,7 +14,9 @@ terminal), duplicated writes (writes past their fence beyond one per key), wrong
 writes (a run whose write its own newer attempt did not shut out, yet was refused by a fence),
 trajectories stuck longer than :data:`STUCK_AFTER_S` (the stated recovery bound: no chain row
 for that long while live), p50 and p99 from submission to end, and each tenant's share of the
-admitted charge against its weight. The method is in ``docs/benchmarks.md``.
+admitted charge against its weight. The worker's look-up before a write
+(``REINS_LOOK_UP_BEFORE_WRITE``, on by default) follows the caller's setting: with it off, the
+soak shows what the kernel's recovery rule alone keeps. The method is in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -183,7 +185,13 @@ def run(minutes: float = 10.0, quick: bool = False) -> dict[str, Any]:
         try:
             with _fleet(server, prefix, base, Path(tmp), client) as (fleet, port, keys):
                 figures = _soak(fleet, server, client, backend_client, prefix, port, keys, minutes)
-            return {"peer": peer().as_json(), "quick": quick, "minutes": minutes, **figures}
+            return {
+                "peer": peer().as_json(),
+                "quick": quick,
+                "minutes": minutes,
+                "look_up_before_write": base.look_up_before_write,
+                **figures,
+            }
         finally:
             server.kill()
             keys_left = list(backend_client.scan_iter(match=f"{prefix}*", count=1000))
@@ -205,6 +213,8 @@ def _fleet(
         "REINS_KEY_PREFIX": prefix,
         "REINS_REDIS_URL": server.url,
         "REINS_BROKER_URL": server.url,
+        # The caller's choice: off, the soak shows what the kernel's recovery rule alone keeps.
+        "REINS_LOOK_UP_BEFORE_WRITE": "true" if base.look_up_before_write else "false",
         BACKEND_URL_VAR: base.redis_url,
     }
     (tmp / "logs").mkdir()
