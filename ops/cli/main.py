@@ -5,6 +5,7 @@ the embedded runner (run, demo, trace, replay); benchmarks."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from contextlib import nullcontext
 
@@ -47,6 +48,9 @@ def bench_cmd(
     options = benchmarks.options(
         name, run, cluster=cluster, trajectories=trajectories, broker=broker, minutes=minutes
     )
+    # A SIGTERM ends the run as Ctrl-C does, through its cleanup: the processes and the
+    # redis-server a bench started are ended with it, not left running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
         result = run(quick=quick, **options)
