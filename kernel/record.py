@@ -132,6 +132,16 @@ class ApprovalStatus(StrEnum):
     WITHDRAWN = "withdrawn"
 
 
+@pinned_values
+class HoldReason(StrEnum):
+    """Why a proposed action is held instead of sent: a reviewer must decide it, or an
+    operator's freeze or read-only grant keeps writes waiting until it is lifted."""
+
+    APPROVAL = "approval"
+    FREEZE = "freeze"
+    READ_ONLY = "read_only"
+
+
 @json_native
 class HeldProposal(Mutable):
     """An exact proposed action frozen for review (approval escrow, seed 004 10.7)."""
@@ -150,6 +160,7 @@ class HeldProposal(Mutable):
     status: ApprovalStatus = ApprovalStatus.HELD
     held_at: float = 0.0
     decided_at: float | None = None  # when a decision (or expiry, or withdrawal) closed it
+    reason: HoldReason = HoldReason.APPROVAL  # only an approval hold is for a reviewer
 
 
 @pinned_values
@@ -182,8 +193,9 @@ class Grants(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tools: list[str] | None = None  # None: every tool of the agent profile
-    read_only: bool = False  # a freeze: no write tool is dispatched
+    read_only: bool = False  # no write tool is dispatched: writes wait (escalation: refused)
     denied_targets: list[str] = Field(default_factory=list)
+    frozen: bool = False  # an operator's freeze: writes wait until it is lifted
 
     def allows(self, tool: str, is_write: bool, target: str | None = None) -> bool:
         """True when a call to ``tool`` (on ``target``) is within the grants."""
