@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -19,9 +20,9 @@ from pydantic import BaseModel, ConfigDict
 
 from api.auth import Authenticated, front_of, need, need_operator
 from api.keys import Scope
-from api.problems import not_found
+from api.problems import Problem, not_found
 from api.views import Acknowledged
-from kernel.errors import SnapshotNotFound
+from kernel.errors import ConfigError, SnapshotNotFound
 from kernel.events import Event, GrantsChanged
 from kernel.record import Grants
 from router.fleet import config as fleet_config
@@ -71,6 +72,16 @@ def _event(grant: Any, **fields: Any) -> GrantsChanged:
     return GrantsChanged(now=time.time(), request_id=rid, requested_by=grant.principal, **fields)
 
 
+def _edit(request: Request, change: Callable[[dict[str, Any]], None]) -> int:
+    """The document's next version with ``change``; a change that does not validate is a 422
+    naming the field, and nothing is written."""
+    front = front_of(request)
+    try:
+        return fleet_config.edit(front.client, front.settings.key_prefix, change)
+    except ConfigError as exc:
+        raise Problem(422, "Invalid setting", str(exc), field=exc.field) from None
+
+
 @router.post("/trajectories/{trajectory_id}/freeze", response_model=Acknowledged)
 def freeze_trajectory(
     trajectory_id: TrajectoryId,
@@ -105,9 +116,7 @@ def freeze_tenant(
     def change(data: dict[str, Any]) -> None:
         fleet_config.tenant_settings(data, tenant)["frozen"] = frozen
 
-    front = front_of(request)
-    version = fleet_config.edit(front.client, front.settings.key_prefix, change)
-    return {"tenant": tenant, "frozen": frozen, "version": version}
+    return {"tenant": tenant, "frozen": frozen, "version": _edit(request, change)}
 
 
 @router.post("/tenants/{tenant}/grants", tags=["fleet"])
@@ -120,6 +129,4 @@ def set_tenant_grants(
     def change(data: dict[str, Any]) -> None:
         fleet_config.tenant_settings(data, tenant)["grants"] = body.model_dump(exclude_none=True)
 
-    front = front_of(request)
-    version = fleet_config.edit(front.client, front.settings.key_prefix, change)
-    return {"tenant": tenant, "grants": body.model_dump(), "version": version}
+    return {"tenant": tenant, "grants": body.model_dump(), "version": _edit(request, change)}
