@@ -95,6 +95,9 @@ def recheck(draft: Draft) -> bool:
     assert spec is not None  # the catalog is fixed for a run
     bar = barrier(rec, draft.ctx.authority_of(rec.tenant), spec, held.args)
     if bar is not None and bar.hold:
+        if bar.reason is not held.reason:  # the freeze lifted, a read-only grant stands
+            held.reason = bar.reason or held.reason
+            draft.row(RowKind.APPROVAL, tool=held.tool, outcome=f"held_{held.reason.value}")
         return False
     held.status = ApprovalStatus.WITHDRAWN if bar is not None else ApprovalStatus.APPROVED
     held.decided_at = draft.now

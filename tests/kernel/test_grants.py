@@ -168,3 +168,15 @@ def test_staged_escalation_is_turned_on_by_the_tenants_setting() -> None:
     op.settings = TenantAuthority(escalation=Escalation(steer_at_calls=1000, restrict_at_calls=0))
     d.admit()
     assert d.rec.escalation == "steer"
+
+
+def test_a_hold_names_what_still_holds_it_when_the_freeze_lifts_under_read_only() -> None:
+    d, op = proposing(REFUND)
+    op.settings = TenantAuthority(frozen=True, grants=Grants(read_only=True))
+    propose(d, REFUND)
+    assert d.rec.held is not None and d.rec.held.reason is HoldReason.FREEZE
+    op.settings = TenantAuthority(grants=Grants(read_only=True))
+    d.apply(Tick(now=d.now + 1))
+    assert d.rec.held.reason is HoldReason.READ_ONLY and not d.commands(DispatchTool)
+    d.apply(Tick(now=d.now + 2))
+    assert d.last is not None and not d.last.rows, "an unchanged hold writes nothing"
