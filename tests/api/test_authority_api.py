@@ -73,6 +73,8 @@ def test_a_frozen_trajectorys_refund_waits_and_goes_when_the_api_lifts_it(
     assert rec.held.reason is HoldReason.FREEZE and backends[0].calls["issue_refund"] == 0
     shown = api.get(f"/v1/trajectories/{tid}", headers=auth).json()
     assert shown["held_approval"]["reason"] == "freeze", "the wait's reason is visible"
+    inbox = api.get("/v1/approvals", headers=auth).json()["items"]
+    assert inbox == [], "a write held by a freeze is no request for a reviewer"
 
     lifted = api.post(f"/v1/trajectories/{tid}/freeze", json={"frozen": False}, headers=auth)
     assert lifted.status_code == 200, lifted.text
