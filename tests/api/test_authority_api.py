@@ -3,6 +3,7 @@ tenant's in the fleet's document (operator keys); bad input changes nothing."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from kernel.settings import Settings
 from kernel.states import LifecycleState
 from router.fleet import config as fleet_config
 from router.wire.turns import TurnMessage
+from store.redis_store import RedisStore
 from tests.api.conftest import AGENT, Keys
 from tests.fleet.harness import InProcessFleet, seed_orders
 from tests.fleet.test_freeze import Counting
@@ -104,3 +106,26 @@ def test_a_tenant_is_frozen_by_an_operator_key_and_an_unknown_one_is_refused(
     assert fleet_config.stored_version(redis_client, key_prefix) == applied + 1, "nothing changed"
     tenant_key = api.post("/v1/tenants/acme/freeze", headers=keys.auth(keys.acme))
     assert tenant_key.status_code == 403
+
+
+def test_reins_freeze_and_grants_set_a_trajectorys_through_the_api_process(
+    api_url: str, keys: Keys, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    from tests.api.test_cli_client import reins as client_reins
+
+    out = client_reins(api_url, keys.acme, "submit", "--agent", AGENT, "--goal", "g", "--json")
+    assert out.returncode == 0, out.stderr
+    tid = json.loads(out.stdout)["trajectory_id"]
+    frozen = client_reins(api_url, keys.acme, "freeze", "--trajectory", tid, "--json")
+    assert frozen.returncode == 0, frozen.stderr
+    granted = client_reins(
+        api_url, keys.acme, "grants", "--trajectory", tid, "--tools", "get_order", "--read-only"
+    )
+    assert granted.returncode == 0, granted.stderr
+    rec = RedisStore(redis_client, prefix=key_prefix).load("acme", tid)
+    assert rec.grants.frozen and rec.grants.read_only and rec.grants.tools == ["get_order"]
+    lifted = client_reins(api_url, keys.acme, "freeze", "--trajectory", tid, "--off")
+    assert lifted.returncode == 0, lifted.stderr
+    assert not RedisStore(redis_client, prefix=key_prefix).load("acme", tid).grants.frozen
+    other = client_reins(api_url, keys.globex, "freeze", "--trajectory", tid)
+    assert other.returncode == 2 and "404" in other.stderr, "another tenant's id is not found"
