@@ -130,7 +130,9 @@ def show_cmd(trajectory_id: str = typer.Argument(...), as_json: bool = JSON) -> 
     console.print(_trajectory_table([shown], trajectory_id))
     held = shown["held_approval"]
     if held:
-        console.print(f"held: {held['tool']} {json.dumps(held['arguments'])}")
+        why = held.get("reason", "approval")
+        waits = "for a reviewer" if why == "approval" else f"until the operator lifts: {why}"
+        console.print(f"held {waits}: {held['tool']} {json.dumps(held['arguments'])}")
         console.print(f"next: reins approve {trajectory_id}  (or reins deny {trajectory_id})")
     if shown["closing_message"]:
         console.print(shown["closing_message"])

@@ -68,6 +68,7 @@ def bench_cmd(
 def _register_subcommands() -> None:
     """Attach the sub-applications; each lives in its own module."""
     from ops.cli import admin as cli_admin
+    from ops.cli import authority as cli_authority
     from ops.cli import client as cli_client
     from ops.cli import doctor as cli_doctor
     from ops.cli import fleet as cli_fleet
@@ -76,6 +77,7 @@ def _register_subcommands() -> None:
     from ops.cli import up as cli_up
 
     cli_admin.register(app)
+    cli_authority.register(app)
     cli_client.register(app)
     cli_up.register(app)
     cli_doctor.register(app)
