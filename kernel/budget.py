@@ -36,7 +36,11 @@ class Budget(BaseModel):
     max_repeat: int = Field(2, ge=1, description="times one (tool, args) may be proposed")
     max_stalls: int = Field(3, ge=1, description="consecutive steps without progress")
     max_plan_steps: int = Field(6, ge=1)
-    max_replans: int = Field(0, ge=0, description="plans accepted after the first")
+    max_replans: int | None = Field(
+        None,
+        ge=0,
+        description="plans accepted after the first (None: the loop shape's own bound)",
+    )
     max_same_error: int = Field(3, ge=1, description="same recoverable error in a row")
     reserve: Amounts = Field(default_factory=Amounts, description="finalization reserve")
 

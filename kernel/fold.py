@@ -219,7 +219,7 @@ def _on_plan(draft: Draft, steps: Any) -> None:
         and not open_steps(rec.plan)
         and any(s.status is StepStatus.SUPERSEDED for s in rec.plan)
     )
-    if replanning and not asked and rec.plan_revision - 1 >= budget.max_replans:
+    if replanning and not asked and rec.plan_revision - 1 >= shapes.replan_bound(draft):
         problems = ["a plan is already set"]
     else:
         problems = validate_plan(steps, draft.ctx.agent.catalog, budget.max_plan_steps)

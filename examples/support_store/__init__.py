@@ -172,12 +172,10 @@ agent_local = make_agent("support_store_local", model=LOCAL_SERVER)  # OpenAI-co
 agent_routed = make_agent("support_store_routed", model=ROUTED)  # the fleet document's routes
 # The same refund as a plan: ReWOO plans once and solves once; plan-execute-replan re-plans
 # when a step's result is an error (its first plan reads the wrong order).
-agent_rewoo = make_agent(
-    "support_store_rewoo", loop=LoopShape.REWOO, policy=lambda goal: RewooRefund()
-)
+# A refund over the automatic limit (ord_1004's) is held for a reviewer inside the plan.
+agent_rewoo = make_agent("support_store_rewoo", loop=LoopShape.REWOO, policy=RewooRefund.from_goal)
 agent_plan = make_agent(
     "support_store_plan",
     loop=LoopShape.PLAN_EXECUTE,
-    budget=Budget(max_replans=1),
     policy=lambda goal: ReplanningRefund(),
 )
