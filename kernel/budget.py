@@ -32,6 +32,9 @@ class Budget(BaseModel):
     max_fanout: int = Field(4, gt=0, description="most tool calls admitted from one reply")
     deadline_s: float = Field(30.0, gt=0, description="active time: model and tool latency")
     wall_clock_s: float = Field(86_400.0, gt=0, description="from submission, waits included")
+    finalize_s: float = Field(
+        30.0, gt=0, description="the closing step's own time allowance, from the stop"
+    )
     max_cost: Decimal = Field(Decimal("1.00"), ge=0, description="dollars")
     max_repeat: int = Field(2, ge=1, description="times one (tool, args) may be proposed")
     max_stalls: int = Field(3, ge=1, description="consecutive steps without progress")

@@ -1,0 +1,59 @@
+"""The closing step on the fleet: a stop decided at a router's admission sends the closing call
+to a worker as a turn like any other, and the worker's turn ends the run (seed 004 10.4.4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel.chain import RowKind
+from kernel.events import CallModel
+from kernel.record import SettlementOwner
+from kernel.states import LifecycleState, StopReason
+from router.wire.notices import NoticeKind
+from tests.fleet.harness import InProcessFleet, refund_job, seed_orders
+
+pytestmark = pytest.mark.redis
+S = LifecycleState
+AGENT = "examples.support_store:agent_reporting"
+
+
+def submit(inproc: InProcessFleet, first: int) -> str:
+    oid = seed_orders(inproc.client, inproc.prefix, first, 1)[0]
+    body = {**refund_job(oid, AGENT), "budget": {"max_steps": 4}}
+    tid: str = inproc.api.submit("acme", body).trajectory_id
+    return tid
+
+
+def test_a_worker_turn_runs_the_closing_call_and_ends_the_run(inproc: InProcessFleet) -> None:
+    tid = submit(inproc, 700)
+    inproc.run_until_quiet()
+    rec = inproc.load("acme", tid)
+    assert rec.state is S.FAILED and rec.stop_reason is StopReason.MAX_STEPS
+    assert rec.closing_report and "max_steps" in rec.closing_report
+    assert rec.turn == 4 and rec.ledger.steps.actual == 4, "the reserve's step, for the report"
+    rows = list(inproc.store.read("acme", tid))
+    outcomes = [(r.kind, r.outcome) for r in rows]
+    at = outcomes.index((RowKind.CONTROL, "finalizing"))
+    assert rows[at + 1].kind is RowKind.MODEL and rows[at + 1].detail["purpose"] == "closing"
+    assert outcomes[-1] == (RowKind.STOP, "max_steps")
+    assert inproc.reports[-1].outcome is NoticeKind.FINISHED, "the worker's turn ended it"
+
+
+def test_a_redelivered_closing_turn_is_recovered_not_sent_twice(inproc: InProcessFleet) -> None:
+    tid = submit(inproc, 710)
+    closing = None
+    while closing is None:  # run turns until the router sends the closing call
+        inproc.cycle()
+        for msg in inproc.take():
+            rec = inproc.load("acme", tid)
+            if rec.state is S.FINALIZING:
+                closing = msg
+            else:
+                inproc.reports.append(inproc.runner.run(msg))
+    assert isinstance(closing.commands[0], CallModel)
+    report = inproc.runner.run(closing, redelivered=True)  # its first worker died mid-call
+    rec = inproc.load("acme", tid)
+    assert report.outcome is NoticeKind.FINISHED and rec.state is S.FAILED
+    assert rec.closing_report is None, "the call was not sent again"
+    op = rec.operations[closing.call_id]
+    assert op.settlement_owner is SettlementOwner.RECONCILER and not op.eligible
