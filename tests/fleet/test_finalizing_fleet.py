@@ -57,3 +57,22 @@ def test_a_redelivered_closing_turn_is_recovered_not_sent_twice(inproc: InProces
     assert rec.closing_report is None, "the call was not sent again"
     op = rec.operations[closing.call_id]
     assert op.settlement_owner is SettlementOwner.RECONCILER and not op.eligible
+
+
+def test_a_stop_the_admitter_decides_sends_the_closing_call_to_a_worker(
+    inproc: InProcessFleet,
+) -> None:
+    from router.admission.queue import FinalizeNow
+    from router.wire.notices import Notice
+
+    tid = submit(inproc, 720)
+    notice = Notice(kind=NoticeKind.READY, tenant="acme", trajectory_id=tid, version=1)
+    stop = FinalizeNow(tid, StopReason.MAX_TOKENS, "next call too large")
+    inproc.service.dispatcher._requeued(notice, stop)
+    assert inproc.load("acme", tid).state is S.FINALIZING, "waits for its closing call"
+    (msg,) = inproc.take()
+    assert isinstance(msg.commands[0], CallModel)
+    assert inproc.runner.run(msg).outcome is NoticeKind.FINISHED
+    rec = inproc.load("acme", tid)
+    assert rec.state is S.FAILED and rec.stop_reason is StopReason.MAX_TOKENS
+    assert rec.closing_report and "max_tokens" in rec.closing_report
