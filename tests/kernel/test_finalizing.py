@@ -7,25 +7,32 @@ an agent that declares none passes through FINALIZING at once, as before.
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 from examples.support_store import REPORT_RESERVE, make_agent
 from examples.support_store.backend import SupportStoreBackend
-from examples.support_store.policies import RefundPolicy, new_ids
-from kernel.agent import AgentModule, ClosingReport, Escalation
+from examples.support_store.policies import (
+    RefundPolicy,
+    ReplanningRefund,
+    RewooRefund,
+    new_ids,
+)
+from kernel.agent import AgentModule, ClosingReport, Escalation, LoopShape
 from kernel.amounts import Amounts, Dimension
 from kernel.budget import Budget
 from kernel.chain import ChainRow, RowKind
 from kernel.context import KernelContext
 from kernel.events import Admit, CallModel, CancelCall, Finish, Recover, Tick
 from kernel.record import OpStatus, SettlementOwner, TrajectoryRecord
-from kernel.states import LifecycleState, StopReason
+from kernel.states import LIVE, LifecycleState, StopReason
 from kernel.step import step
-from tests.kernel.harness import new_record
+from tests.kernel.harness import GOAL, new_record
 from worker.embedded import EmbeddedRunner
 from worker.models import ScriptedModel
 
 S = LifecycleState
+GOAL_1004 = "refund the damaged item on order ord_1004"  # held for approval under ReWOO
 #: Three ordinary steps: the fourth is the reserve's, and only the closing call may use it.
 BUDGET = Budget(max_steps=4, max_tokens=6000, reserve=REPORT_RESERVE)
 
@@ -173,3 +180,56 @@ def test_a_closing_report_declared_for_done_is_refused() -> None:
         assert "done" in str(exc)
     else:  # pragma: no cover - the declaration must be refused
         raise AssertionError("a closing report after done was accepted")
+
+
+def test_random_runs_close_within_the_allowance_and_within_budget_plus_reserve() -> None:
+    """1,000 runs of the three loop shapes with closing work, under random clocks, reserves
+    and closing allowances: a closing call is sent only in FINALIZING, after the stop, with
+    the allowance as its timeout; the run ends within that allowance of the stop; exploring
+    never spent the reserve, and the whole run stays within its allowances."""
+    rng = random.Random(38_2)
+    shapes = {
+        LoopShape.REACT: RefundPolicy.from_goal,
+        LoopShape.REWOO: RewooRefund.from_goal,
+        LoopShape.PLAN_EXECUTE: lambda goal: ReplanningRefund(),
+    }
+    closed = 0
+    for i in range(1_000):
+        shape = rng.choice(list(shapes))
+        reserve = Amounts.of(steps=1, tokens=rng.choice([0, 300, 1200]))
+        budget = Budget(
+            max_steps=rng.randint(2, 7),
+            max_tokens=6000,
+            deadline_s=round(rng.uniform(0.5, 9.0), 2),
+            wall_clock_s=round(rng.uniform(0.5, 11.0), 2),
+            finalize_s=round(rng.uniform(0.5, 3.0), 2),
+            reserve=reserve,
+        )
+        agent = make_agent(loop=shape, budget=budget, closing=ClosingReport())
+        latency = rng.choice([0.5, 1.5, 2.5])
+        model = ScriptedModel(shapes[shape](GOAL_1004 if rng.random() < 0.3 else GOAL), latency)
+        runner = EmbeddedRunner(KernelContext(agent.profile), model, SupportStoreBackend())
+        out = runner.run(new_record(budget))
+        rec, rows = out.record, out.rows
+        assert rec.state not in LIVE or rec.state is S.AWAITING_APPROVAL, f"run {i}: {rec.state}"
+        if rec.state is S.AWAITING_APPROVAL:
+            continue
+        led, closing = rec.ledger, rec.closing
+        # What the closing call was charged is at most its reservation (usage, or written off).
+        charge = rec.operations[closing.call_id].reservation if closing else Amounts()
+        for dim in Dimension:
+            account = led.account(dim)
+            assert account.actual <= account.allowance, f"run {i}: {dim} past budget plus reserve"
+            explored = account.actual - charge.get(dim)
+            assert explored <= account.allowance - account.reserve, f"run {i}: {dim} reserve spent"
+        if closing is None:
+            # A run stopped at its step limit has the reserve's step and tokens for its report.
+            funded = reserve.tokens >= 1200 and rec.stop_reason is StopReason.MAX_STEPS
+            assert not funded, f"run {i}: the reserve did not fund the closing call"
+            continue
+        closed += 1
+        calls = [r for r in rows if r.call_id == closing.call_id and r.kind is RowKind.MODEL]
+        assert calls and calls[0].detail["purpose"] == "closing", f"run {i}"
+        assert calls[0].at <= closing.until + 1e-6, f"run {i}: ran past its allowance"
+        assert abs(closing.until - closing.since - budget.finalize_s) < 1e-6, f"run {i}"
+    assert closed > 100, f"only {closed} runs closed with a report"
