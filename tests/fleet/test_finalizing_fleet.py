@@ -76,3 +76,31 @@ def test_a_stop_the_admitter_decides_sends_the_closing_call_to_a_worker(
     rec = inproc.load("acme", tid)
     assert rec.state is S.FAILED and rec.stop_reason is StopReason.MAX_TOKENS
     assert rec.closing_report and "max_tokens" in rec.closing_report
+
+
+def test_the_ticker_ends_a_run_whose_closing_call_outlived_its_allowance(
+    inproc: InProcessFleet,
+) -> None:
+    from router.process.ticker import Ticker
+    from tests.support import ManualClock
+
+    tid = submit(inproc, 730)
+    closing = None
+    while closing is None:  # the closing call is sent, and its worker never answers
+        inproc.cycle()
+        for msg in inproc.take():
+            if inproc.load("acme", tid).state is S.FINALIZING:
+                closing = msg
+            else:
+                inproc.reports.append(inproc.runner.run(msg))
+    waiting = inproc.load("acme", tid)
+    assert waiting.closing is not None
+    clock = ManualClock(waiting.closing.until - 1.0)
+    ticker = Ticker(inproc.api, ("acme",), every_s=5.0, clock=clock)
+    assert ticker.tick() == [] and inproc.load("acme", tid) == waiting, "within its allowance"
+    clock.set(waiting.closing.until + 6.0)
+    assert ticker.tick() == [tid]
+    ended = inproc.load("acme", tid)
+    assert ended.state is S.FAILED and ended.stop_reason is StopReason.MAX_STEPS
+    op = ended.operations[closing.call_id]
+    assert op.settlement_owner is SettlementOwner.RECONCILER, "handed off, never refunded"
