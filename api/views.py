@@ -98,6 +98,7 @@ class Trajectory(BaseModel):
     submitted_at: float
     stop_reason: str | None
     closing_message: str | None
+    closing_report: str | None = None  # what its agent's closing step wrote, if it declares one
     turn: int
     budget: dict[str, Spend]
     held_approval: HeldApproval | None
@@ -229,6 +230,7 @@ def trajectory_of(rec: TrajectoryRecord, catalog: Catalog | None = None) -> Traj
         submitted_at=rec.submitted_at,
         stop_reason=rec.stop_reason.value if rec.stop_reason else None,
         closing_message=rec.closing_message,
+        closing_report=rec.closing_report,
         turn=rec.turn,
         budget=budget,
         held_approval=held_of(rec, catalog),

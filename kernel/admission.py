@@ -39,7 +39,7 @@ def escalate(draft: Draft, liability: Amounts, policy: Escalation) -> bool:
 
     Steer: the view shows the remaining allowance and asks for a smaller step or the final
     report. Restrict: grants narrow to read-only tools. Finalize is the admission refusal
-    itself, when the next call no longer fits beside the reserve.
+    itself, when the next call no longer fits beside the reserve (:func:`close`).
     """
     rec = draft.rec
     left = calls_that_fit(rec, liability)
@@ -54,6 +54,17 @@ def escalate(draft: Draft, liability: Amounts, policy: Escalation) -> bool:
     rec.escalation = stage
     draft.row(RowKind.CONTROL, outcome=f"escalation_{stage}", detail={"calls_left": left})
     return True
+
+
+def close(draft: Draft, dim: Dimension) -> None:
+    """The next call no longer fits beside the reserve in ``dim``: the run stops. Under staged
+    escalation that is its finalize stage, recorded; the closing step the agent declares (if
+    any) runs from the reserve (:mod:`kernel.finalizing`)."""
+    rec = draft.rec
+    if draft.ctx.agent.escalation is not None:
+        rec.escalation = EscalationStage.FINALIZE
+        draft.row(RowKind.CONTROL, outcome="escalation_finalize", detail={"dimension": dim})
+    draft.stop(MISFIT_STOP[dim])
 
 
 def admit(draft: Draft) -> None:
@@ -75,10 +86,10 @@ def admit(draft: Draft) -> None:
         return
     led = rec.ledger
     if led.headroom(Dimension.STEPS) < 1:
-        draft.stop(StopReason.MAX_STEPS)
+        close(draft, Dimension.STEPS)
         return
     if led.headroom(Dimension.TOOL_CALLS) < 1:
-        draft.stop(StopReason.MAX_TOOL_CALLS)
+        close(draft, Dimension.TOOL_CALLS)
         return
     if rec.active_s >= budget.deadline_s:
         draft.stop(StopReason.DEADLINE)
@@ -115,7 +126,7 @@ def admit(draft: Draft) -> None:
     try:
         transition(rec, S.CALLING_MODEL, draft.decide(Cause.ADMIT), draft.now, admit=register)
     except AdmissionRefused as refused:  # the budget clause of the admission check
-        draft.stop(MISFIT_STOP[Dimension(refused.dimension)])
+        close(draft, Dimension(refused.dimension))
         return
     draft.commands.append(
         construct(

@@ -12,6 +12,7 @@ from kernel.budget import Budget
 from kernel.memory_tools import MemoryPolicy
 from kernel.record import TrajectoryRecord
 from kernel.scratchpad import ScratchpadPolicy
+from kernel.states import StopReason
 from kernel.tools import Catalog, ToolBackend
 
 
@@ -79,6 +80,33 @@ class Escalation:
     restrict_at_calls: int = 1  # grants narrow to read-only tools
 
 
+#: The stops after which a declared closing report is written: every stop but completion (the
+#: model's final answer is the report; its acceptance check runs before the stop) and a kill
+#: (stopped at once, seed 004 10.5.3).
+REPORTED_STOPS = frozenset(StopReason) - {StopReason.DONE, StopReason.KILLED}
+
+
+@dataclass(frozen=True)
+class ClosingReport:
+    """Closing work an agent declares (seed 004 10.4.4): when a stop is decided, one model
+    call in FINALIZING writes the run's report. It is admitted against what the run has left,
+    the finalization reserve included, and given the budget's ``finalize_s`` as its own time
+    allowance; the run ends when it answers, fails or runs out of that time."""
+
+    instructions: str = (
+        "The run is stopping. Do not call tools. Reply with a JSON object "
+        '{"type": "report", "text": ...}: what was done, what was not, and why.'
+    )
+    max_output_tokens: int = 200
+    stops: frozenset[StopReason] = REPORTED_STOPS
+
+    def __post_init__(self) -> None:
+        if self.max_output_tokens <= 0:
+            raise ValueError("closing report: max_output_tokens must be positive")
+        if StopReason.DONE in self.stops or StopReason.KILLED in self.stops:
+            raise ValueError("closing report: done and killed end without one")
+
+
 Acceptance = Callable[["TrajectoryRecord"], str | None]
 """An acceptance check: None when the claimed completion holds, else the reason it does not."""
 
@@ -99,6 +127,7 @@ class AgentProfile:
     wait: WaitPolicy = field(default_factory=WaitPolicy)
     escalation: Escalation | None = None
     acceptance: Acceptance | None = None
+    closing: ClosingReport | None = None  # None: no closing work; FINALIZING passes at once
     scratchpad: ScratchpadPolicy | None = None  # None: the state view alone, no past steps
     memory: MemoryPolicy | None = None  # None: no episodes (memory tools work if declared)
 

@@ -32,11 +32,18 @@ class Budget(BaseModel):
     max_fanout: int = Field(4, gt=0, description="most tool calls admitted from one reply")
     deadline_s: float = Field(30.0, gt=0, description="active time: model and tool latency")
     wall_clock_s: float = Field(86_400.0, gt=0, description="from submission, waits included")
+    finalize_s: float = Field(
+        30.0, gt=0, description="the closing step's own time allowance, from the stop"
+    )
     max_cost: Decimal = Field(Decimal("1.00"), ge=0, description="dollars")
     max_repeat: int = Field(2, ge=1, description="times one (tool, args) may be proposed")
     max_stalls: int = Field(3, ge=1, description="consecutive steps without progress")
     max_plan_steps: int = Field(6, ge=1)
-    max_replans: int = Field(0, ge=0, description="plans accepted after the first")
+    max_replans: int | None = Field(
+        None,
+        ge=0,
+        description="plans accepted after the first (None: the loop shape's own bound)",
+    )
     max_same_error: int = Field(3, ge=1, description="same recoverable error in a row")
     reserve: Amounts = Field(default_factory=Amounts, description="finalization reserve")
 

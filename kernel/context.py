@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from kernel import finalizing
 from kernel.agent import AgentProfile, Escalation
 from kernel.amounts import Dimension
 from kernel.authority import AuthorityLookup, TenantAuthority
@@ -252,13 +253,26 @@ class Draft:
             self.commands.append(ENQUEUE)
 
     def stop(self, reason: StopReason, detail: str | None = None) -> None:
-        """Every exit: FINALIZING, hand off what is still owed, the message, the terminal."""
+        """Every exit: FINALIZING; then the agent's closing step, funded from the finalization
+        reserve (:mod:`kernel.finalizing`), or, with none to run, the end at once."""
         rec = self.rec
         if rec.state in LIVE:
             self.move(S.FINALIZING, Cause.STOP, reason)
         elif rec.state is not S.FINALIZING:
             raise IllegalTransition(rec.state.value, S.FINALIZING.value, "stop", "already ended")
         rec.stop_reason = rec.stop_reason or reason
+        command, closing = finalizing.begin(rec, self.ctx, self.now, detail)
+        if closing:
+            self.row(RowKind.CONTROL, outcome="finalizing", detail={"stop": reason, **closing})
+        if command is not None:
+            self.commands.append(command)  # the run ends when its closing call does
+            return
+        self.finish(detail)
+
+    def finish(self, detail: str | None = None) -> None:
+        """End a run in FINALIZING: hand off what is still owed, the message, the terminal."""
+        rec = self.rec
+        assert rec.stop_reason is not None  # FINALIZING is entered with a stop reason
         target = terminal_state_for(rec.stop_reason)
         if target is not S.COMPLETED:  # completion owes nothing: its guard transfers nothing
             for op in rec.operations.values():

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel import policy_holds, waits
+from kernel import finalizing, policy_holds, waits
 from kernel.amounts import ZERO, Dimension, tool_call_liability
 from kernel.authority import barrier
 from kernel.chain import RowKind
@@ -388,10 +388,30 @@ def on_progress(draft: Draft, ev: ToolProgress) -> None:
     )
 
 
+def abandon_closing(draft: Draft, why: str) -> None:
+    """End a run whose closing call will not answer in time (its allowance passed, or its
+    worker was lost): the call is asked to stop, its outcome is unknown and its reservation
+    passes to the reconciler with the rest of what the run owes (:mod:`kernel.finalizing`)."""
+    rec = draft.rec
+    closing = rec.closing
+    assert closing is not None
+    op = rec.operations[closing.call_id]
+    op.eligible = False
+    if op.open:
+        op.status = OpStatus.UNKNOWN  # it may have been sent: the reservation stays
+        draft.commands.append(CancelCall(call_id=op.call_id))
+    draft.row(RowKind.CONTROL, outcome="closing_abandoned", detail={"why": why})
+    draft.finish(closing.detail)
+
+
 def on_tick(draft: Draft) -> None:
     """Time passed: wall-clock limit first, then approval expiry."""
     rec = draft.rec
     if rec.state not in LIVE:
+        closing = rec.closing
+        if finalizing.awaiting(rec) and closing is not None and draft.now >= closing.until:
+            abandon_closing(draft, f"the closing step's {rec.budget.finalize_s} s ran out")
+            return
         draft.note = "ended"
         return
     if draft.now - rec.submitted_at >= rec.budget.wall_clock_s:

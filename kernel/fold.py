@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel import compaction, owed, policy_holds, shapes
+from kernel import compaction, finalizing, owed, policy_holds, shapes
 from kernel.amounts import NOTHING, Amounts, model_call_charge
 from kernel.authority import barrier
 from kernel.chain import RowKind
@@ -47,6 +47,9 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
         draft.note = f"duplicate reply for {ev.call_id}: already settled"
         return
     evidence, over = _settle_reply(draft, op, ev)
+    if finalizing.awaiting(rec, ev.call_id):  # the closing step's call (FINALIZING)
+        _on_closing_reply(draft, ev)
+        return
     current = rec.state is S.CALLING_MODEL and op.eligible and op.epoch == rec.control_epoch
     if not current:
         _quarantine(draft, op, ev, evidence)
@@ -69,6 +72,20 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
         draft.end_turn(Cause.REPLY_OBSERVE)
         return
     _route_proposal(draft, ev.content)
+
+
+def _on_closing_reply(draft: Draft, ev: ModelReplied) -> None:
+    """The closing call answered (its usage already settled): keep its report if it completed
+    in time, then end the run (:mod:`kernel.finalizing`)."""
+    rec = draft.rec
+    closing = rec.closing
+    assert closing is not None
+    rec.operations[closing.call_id].eligible = False
+    if ev.status is ReplyStatus.COMPLETED and not ev.timed_out:
+        rec.closing_report = finalizing.report_text(ev.content)
+    else:
+        draft.row(RowKind.CONTROL, outcome="closing_failed", detail={"status": ev.status})
+    draft.finish(closing.detail)
 
 
 def _quarantine(draft: Draft, op: Operation, ev: ModelReplied, evidence: dict[str, Any]) -> None:
@@ -121,6 +138,9 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
     pad = draft.rec.scratchpad
     if pad is not None and pad.compacting == ev.call_id:
         detail["purpose"] = "compaction"
+    closing = draft.rec.closing
+    if closing is not None and closing.call_id == ev.call_id:
+        detail["purpose"] = "closing"
     draft.row(
         RowKind.MODEL,
         call_id=ev.call_id,
@@ -220,7 +240,7 @@ def _on_plan(draft: Draft, steps: Any) -> None:
         and not open_steps(rec.plan)
         and any(s.status is StepStatus.SUPERSEDED for s in rec.plan)
     )
-    if replanning and not asked and rec.plan_revision - 1 >= budget.max_replans:
+    if replanning and not asked and rec.plan_revision - 1 >= shapes.replan_bound(draft):
         problems = ["a plan is already set"]
     else:
         problems = validate_plan(steps, draft.ctx.agent.catalog, budget.max_plan_steps)

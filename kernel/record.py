@@ -27,9 +27,10 @@ from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
 SCHEMA_VERSION = 6  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
-# 5: the recoveries count and the highest fence; 6: the grants' freeze and a hold's reason
+# 5: the recoveries count and the highest fence; 6: the grants' freeze, a hold's reason, the
+# closing step and its report
 #: Older records read as a 6 without what they lack (no overrun, no scratchpad, the tenant's
-#: first class, no recoveries, not frozen, holds for a reviewer).
+#: first class, no recoveries, not frozen, holds for a reviewer, no closing step).
 READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
@@ -91,6 +92,7 @@ class EscalationStage(StrEnum):
 
     STEER = "steer"  # the view asks for a smaller step or the final report
     RESTRICT = "restrict"  # grants narrowed to read-only tools
+    FINALIZE = "finalize"  # the next call no longer fits beside the reserve: the run closes
 
 
 @json_native
@@ -161,6 +163,19 @@ class HeldProposal(Mutable):
     held_at: float = 0.0
     decided_at: float | None = None  # when a decision (or expiry, or withdrawal) closed it
     reason: HoldReason = HoldReason.APPROVAL  # only an approval hold is for a reviewer
+
+
+@json_native
+class ClosingStep(Mutable):
+    """The funded closing step of a run in FINALIZING (seed 004 10.4.4): its model call, when
+    the stop was decided, and the end of its own time allowance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str
+    since: float
+    until: float  # since + the budget's finalize_s: past it the run ends without the report
+    detail: str | None = None  # the stop's detail, written in the STOP row when the run ends
 
 
 @pinned_values
@@ -238,6 +253,8 @@ class TrajectoryRecord(Mutable):
     pending_control: PendingControl | None = None
     stop_reason: StopReason | None = None
     closing_message: str | None = None
+    closing: ClosingStep | None = None  # the closing step, once one was admitted
+    closing_report: str | None = None  # what the closing step wrote (never the message)
     # continuation
     plan: list[PlanStep] = Field(default_factory=list)
     plan_revision: int = 0

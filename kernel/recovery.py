@@ -10,8 +10,10 @@ looked up, or ends the run ``unknown_outcome``. So every effect happens at most 
 
 from __future__ import annotations
 
+from kernel import finalizing
 from kernel.chain import RowKind
 from kernel.context import Draft
+from kernel.control import abandon_closing
 from kernel.events import Enqueue
 from kernel.lifecycle import Cause
 from kernel.record import OpKind, OpStatus
@@ -41,17 +43,27 @@ def on_recover(draft: Draft) -> None:
         draft.end_turn(Cause.WITHDRAWN, counts_as_step=False)
         return
     if rec.state is S.WAITING_TOOL:
-        rec.recoveries += 1
-        detail = {"state": "WAITING_TOOL", "recoveries": rec.recoveries}
-        draft.row(RowKind.CONTROL, outcome="recovered", detail=detail)
-        for op in list(rec.operations.values()):
-            if op.kind is not OpKind.TOOL or not op.eligible or not op.open:
-                continue
-            spec = draft.ctx.agent.catalog.get(op.tool or "")
-            if spec is None:  # pragma: no cover - the catalog is fixed for a run
-                continue
-            resolve_unknown(draft, op, spec)
-            if rec.state is not S.WAITING_TOOL:
-                return  # the rule ended the run (unknown_outcome, or a budget)
+        _recover_wait(draft)
+        return
+    if finalizing.awaiting(rec):
+        draft.row(RowKind.CONTROL, outcome="recovered", detail={"state": "FINALIZING"})
+        abandon_closing(draft, "its worker was lost during the closing call")
         return
     draft.note = f"nothing in flight to recover in {rec.state.value}"
+
+
+def _recover_wait(draft: Draft) -> None:
+    """A wait whose worker is gone: each call still awaited is resolved as its tool declares."""
+    rec = draft.rec
+    rec.recoveries += 1
+    detail = {"state": "WAITING_TOOL", "recoveries": rec.recoveries}
+    draft.row(RowKind.CONTROL, outcome="recovered", detail=detail)
+    for op in list(rec.operations.values()):
+        if op.kind is not OpKind.TOOL or not op.eligible or not op.open:
+            continue
+        spec = draft.ctx.agent.catalog.get(op.tool or "")
+        if spec is None:  # pragma: no cover - the catalog is fixed for a run
+            continue
+        resolve_unknown(draft, op, spec)
+        if rec.state is not S.WAITING_TOOL:
+            return  # the rule ended the run (unknown_outcome, or a budget)

@@ -18,8 +18,9 @@ def estimate_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-def render(rec: TrajectoryRecord) -> str:
-    """The model's input: goal, plan with statuses, facts, last observation, remaining budget."""
+def render(rec: TrajectoryRecord, closing: dict[str, Any] | None = None) -> str:
+    """The model's input: goal, plan with statuses, facts, last observation, remaining budget;
+    ``closing``: what the closing step of a stopping run asks (:mod:`kernel.finalizing`)."""
     led = rec.ledger
     view: dict[str, Any] = {
         "goal": rec.goal,
@@ -54,6 +55,8 @@ def render(rec: TrajectoryRecord) -> str:
             and op.kind is OpKind.TOOL
             and op.epoch == rec.control_epoch
         }
+    if closing is not None:
+        view["closing"] = closing
     return sorted_text(view)
 
 

@@ -92,10 +92,14 @@ def _carry_on(draft: Draft, op: Operation, spec: ToolSpec | None, result: dict[s
     if not eligible or rec.state is not S.WAITING_TOOL:
         draft.note = f"{op.call_id} settled; not staged (no longer eligible)"
         return
+    problem = shapes.result_problem(draft, op, spec, result)
+    if problem is not None:  # never staged: its facts would build on a broken result
+        shapes.refuse_result(draft, op, result, problem)
+        return
     _stage(draft, op, spec, result)
     if op.plan_step is not None and shapes.executes_plans(draft):
         if shapes.triggered(draft, result):
-            shapes.reenter_planner(draft, result)
+            shapes.reenter_planner(draft, {**result, "step": op.plan_step})
         else:
             shapes.advance(draft)
         return

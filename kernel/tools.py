@@ -85,6 +85,9 @@ class ToolSpec:
     # and the result fields that name users, whom a fact built from it concerns.
     trusted_output: bool = False
     names_users: tuple[str, ...] = ()
+    # The declared schema of an ok result, its ranges as field constraints (None: undeclared).
+    # An executed plan's step whose result breaks it does not count as done (kernel.shapes).
+    result_model: type[BaseModel] | None = None
 
     def __post_init__(self) -> None:
         resends = self.kind is ToolKind.WRITE and self.on_unknown is OnUnknown.RESEND
@@ -110,6 +113,18 @@ class ToolSpec:
             parsed, mode="json", exclude_none=True
         )
         return dumped, None
+
+    def result_problem(self, result: Mapping[str, Any]) -> str | None:
+        """Why an ok ``result`` breaks the declared result schema or a range, or None."""
+        if self.result_model is None or result.get("status") != "ok":
+            return None
+        try:
+            self.result_model.model_validate(result)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"]) or "result"
+            return f"{self.name} result: {loc}: {first['msg']}"
+        return None
 
     def permitted(self, grants: Grants, args: Mapping[str, Any]) -> bool:
         """True when the grants allow this call on the target its arguments name."""
@@ -163,6 +178,7 @@ def tool(
     changes: ChangePreview = _unknown,
     trusted_output: bool = False,
     names_users: Iterable[str] = (),
+    result: type[BaseModel] | None = None,
 ) -> Callable[[Callable[..., Any]], DeclaredTool]:
     """Declare a tool: ``@tool(RefundArgs, kind=ToolKind.WRITE, ...)`` over its implementation."""
 
@@ -185,6 +201,7 @@ def tool(
             changes=changes,
             trusted_output=trusted_output,
             names_users=tuple(names_users),
+            result_model=result,
         )
         return DeclaredTool(spec=spec, fn=fn)
 

@@ -111,8 +111,18 @@ def scripted_summary(request: dict[str, Any]) -> dict[str, Any]:
     return {"type": "summary", "text": " | ".join(p for p in parts if p)[-SUMMARY_CHARS:]}
 
 
+def scripted_report(view: dict[str, Any]) -> dict[str, Any]:
+    """A deterministic closing report (``kernel.finalizing``): the stop, and each plan step's
+    status, from the view the closing call is shown."""
+    closing = view.get("closing") or {}
+    steps = ", ".join(f"{s.get('id')} {s.get('status')}" for s in view.get("plan") or [])
+    text = f"Stopped ({closing.get('stop')})." + (f" Plan: {steps}." if steps else "")
+    return {"type": "report", "text": text}
+
+
 class ScriptedModel:
-    """A model whose replies come from a policy function over the parsed view.
+    """A model whose replies come from a policy function over the parsed view (a compaction
+    request and a closing step are answered by :func:`scripted_summary`, :func:`scripted_report`).
 
     The policy returns a reply (a dict, or a string to be parsed as JSON) or a tuple
     ``(reply, latency_s)``; usage is estimated as the seeds do: the view's tokens in, the
@@ -149,6 +159,8 @@ class ScriptedModel:
         data = parse_view(view)
         if isinstance(data, dict) and data.get("task") == "compact":
             out: Any = scripted_summary(data)  # the policy counts and sees its own steps only
+        elif isinstance(data, dict) and "closing" in data:
+            out = scripted_report(data)  # the run's closing step: its report, not a policy's step
         else:
             self.calls += 1
             out = self.policy(data, self.calls)

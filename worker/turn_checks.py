@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 
+from kernel import finalizing
 from kernel.context import KernelContext
 from kernel.errors import InvalidInput, ReinsError, StoreError, UnsupportedSchema
 from kernel.events import CallModel, LookupEffect
@@ -74,7 +75,7 @@ def opening(rec: TrajectoryRecord, msg: TurnMessage, redelivered: bool) -> Openi
     if canceled_unstarted(rec, msg):
         return Opening.CANCELED
     check_current(rec, msg)  # a stale message stops here, changing nothing
-    if redelivered and rec.state in (S.CALLING_MODEL, S.WAITING_TOOL):
+    if redelivered and (rec.state in (S.CALLING_MODEL, S.WAITING_TOOL) or finalizing.awaiting(rec)):
         return Opening.RECOVER
     return Opening.CARRY_OUT
 
@@ -122,7 +123,7 @@ def still_sent(rec: TrajectoryRecord, msg: TurnMessage) -> bool:
     if rec.record_version < msg.version or rec.control_epoch != msg.epoch or not msg.commands:
         return False
     acting = S.CALLING_MODEL if isinstance(msg.commands[0], CallModel) else S.WAITING_TOOL
-    if rec.state is not acting:
+    if rec.state is not acting and not finalizing.awaiting(rec, msg.call_id or None):
         return False
     for cmd in msg.commands:
         op = rec.operations.get(cmd.call_id)
@@ -132,13 +133,16 @@ def still_sent(rec: TrajectoryRecord, msg: TurnMessage) -> bool:
 
 
 def check_in_flight(rec: TrajectoryRecord, msg: TurnMessage) -> None:
-    """Every command must name an operation the record holds as in flight and eligible; on an
-    ended run, only the reconciler's latest lookup of a call it still owes (kernel.owed)."""
+    """Every command must name an operation the record holds as in flight and eligible; in
+    FINALIZING, the closing step's call; on an ended run, only the reconciler's latest lookup
+    of a call it still owes (kernel.owed)."""
     if not msg.commands:
         raise Ignored("the message carries no command")
     ended = rec.state not in LIVE
     for cmd in msg.commands:
         op = rec.operations.get(cmd.call_id)
+        if isinstance(cmd, CallModel) and finalizing.awaiting(rec, cmd.call_id):
+            continue  # the closing step's call of a run in FINALIZING (kernel.finalizing)
         if ended:
             if not _owed_lookup(op, cmd):
                 raise Ignored(

@@ -14,8 +14,8 @@ from pydantic import BaseModel, Field
 
 from examples.support_store.backend import AUTO_LIMIT, SupportStoreBackend
 from examples.support_store.policies import RefundPolicy, ReplanningRefund, RewooRefund
-from kernel.agent import AgentModule, AgentProfile, LoopShape, ModelRef
-from kernel.amounts import ModelPrice
+from kernel.agent import AgentModule, AgentProfile, ClosingReport, LoopShape, ModelRef
+from kernel.amounts import Amounts, ModelPrice
 from kernel.budget import Budget
 from kernel.tools import Catalog, Change, DeclaredTool, OnUnknown, ToolKind, tool
 
@@ -150,9 +150,10 @@ def make_agent(
     loop: LoopShape = LoopShape.REACT,
     model: ModelRef = SCRIPTED,
     policy: Callable[[str], Any] = RefundPolicy.from_goal,
+    closing: ClosingReport | None = None,
 ) -> AgentModule:
     """Build the agent module; tests vary the unknown-outcome rule, the budget, the model, the
-    loop shape and its scripted policy (made from the goal)."""
+    loop shape, its scripted policy (made from the goal) and its closing work."""
     tools = [get_order, search_policy, refund_tool(on_unknown), email_tool(on_unknown)]
     profile = AgentProfile(
         name=name,
@@ -160,6 +161,7 @@ def make_agent(
         catalog=Catalog.of(t.spec for t in tools),
         loop=loop,
         budget=budget or Budget(),
+        closing=closing,
     )
     return AgentModule(
         profile=profile,
@@ -172,14 +174,20 @@ agent = make_agent()
 agent_lookup = make_agent("support_store_lookup", on_unknown=OnUnknown.LOOKUP)
 agent_local = make_agent("support_store_local", model=LOCAL_SERVER)  # OpenAI-compatible API
 agent_routed = make_agent("support_store_routed", model=ROUTED)  # the fleet document's routes
+# The same agent with closing work: a stopped run writes its report in FINALIZING, funded from
+# the finalization reserve (a step, and tokens and dollars for one call, kept back from the run).
+REPORT_RESERVE = Amounts(steps=1, tokens=1200, dollars=Decimal("0.01"))
+agent_reporting = make_agent(
+    "support_store_reporting",
+    budget=Budget(max_steps=9, max_tokens=6000, reserve=REPORT_RESERVE),
+    closing=ClosingReport(),
+)
 # The same refund as a plan: ReWOO plans once and solves once; plan-execute-replan re-plans
 # when a step's result is an error (its first plan reads the wrong order).
-agent_rewoo = make_agent(
-    "support_store_rewoo", loop=LoopShape.REWOO, policy=lambda goal: RewooRefund()
-)
+# A refund over the automatic limit (ord_1004's) is held for a reviewer inside the plan.
+agent_rewoo = make_agent("support_store_rewoo", loop=LoopShape.REWOO, policy=RewooRefund.from_goal)
 agent_plan = make_agent(
     "support_store_plan",
     loop=LoopShape.PLAN_EXECUTE,
-    budget=Budget(max_replans=1),
     policy=lambda goal: ReplanningRefund(),
 )

@@ -79,6 +79,15 @@ search_loop = Fn(
 )
 
 
+def under_review(view: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool call a plan step awaits review with, proposed back so it is held for a
+    reviewer; None when no step awaits review."""
+    last = view.get("last_result") or {}
+    if last.get("code") != "needs_review" or not isinstance(last.get("call"), dict):
+        return None
+    return {"type": "tool", **last["call"]}
+
+
 class RewooRefund:
     """ReWOO: the planner writes every call up front with #E references; a solver answers.
 
@@ -89,8 +98,17 @@ class RewooRefund:
     def __init__(self, order: str = "ord_1001", latency: float = 1.5) -> None:
         self.order, self.latency = order, latency
 
+    @classmethod
+    def from_goal(cls, goal: str) -> RewooRefund:
+        """The order the goal names (ord_1001 when it names none)."""
+        order = re.search(r"ord_\d+", goal)
+        return cls(order.group(0) if order else "ord_1001")
+
     def __call__(self, view: dict[str, Any], i: int) -> tuple[dict[str, Any], float]:
         o = self.order
+        review = under_review(view)
+        if review is not None:
+            return review, self.latency
         if not view["plan"]:
             steps = [
                 {"id": "E1", "tool": "get_order", "args": {"order_id": o}},
@@ -144,6 +162,9 @@ class ReplanningRefund:
 
     def __call__(self, view: dict[str, Any], i: int) -> dict[str, Any]:
         last = view.get("last_result") or {}
+        review = under_review(view)
+        if review is not None:
+            return review
         if not view["plan"]:
             return self.plan(self.wrong)
         if last.get("code") == "replan":

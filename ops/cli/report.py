@@ -30,6 +30,7 @@ def summary(rec: TrajectoryRecord, effects: list[Any] | None = None) -> dict[str
         "active_s": rec.active_s,
         "effects": effects if effects is not None else [],
         "closing_message": rec.closing_message,
+        "closing_report": rec.closing_report,
         "held_approval": rec.held.approval_id
         if rec.held and rec.held.status is ApprovalStatus.HELD
         else None,
@@ -84,6 +85,8 @@ def report(rec: TrajectoryRecord, effects: list[Any], title: str, as_json: bool)
     console.print(table([result], title))
     if result["closing_message"]:
         console.print(result["closing_message"])
+        if result["closing_report"]:
+            console.print(f"closing report: {result['closing_report']}", markup=False)
         return
     console.print(f"suspended in {result['state']}")
     tid = rec.trajectory_id + ("" if rec.tenant == "default" else f" --tenant {rec.tenant}")

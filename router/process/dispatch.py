@@ -184,7 +184,8 @@ class Dispatcher:
 
     def finalize(self, tenant: str, tid: str, stop: StopReason, why: str) -> None:
         """End a trajectory between turns with a stop the admitter decided (by compare-and-set,
-        reloading on a lost race); a trajectory already past that point is left alone."""
+        reloading on a lost race), sending its closing call, if its agent declares closing
+        work, to a worker; a trajectory already past that point is left alone."""
         for _ in range(8):
             try:
                 rec = self.store.load(tenant, tid)
@@ -197,6 +198,11 @@ class Dispatcher:
                 commit(self.store, rec, result, self.observer, ctx.agent.model.provider)
             except ConcurrentModification:
                 continue
+            commands = worker_commands(result.commands)
+            if commands:  # the agent's closing step (kernel.finalizing): a turn like any other
+                msg = TurnMessage.of(result.record, commands, self.clock(), sent_by=self.name)
+                self.sender(self.ring().lookup(placement_key(tenant, tid)), msg.to_payload())
+                return  # the turn that runs it ends the run
             self.episodes.after(result, ctx.agent)
             return
 

@@ -1,7 +1,8 @@
 """Stranded turns: a trajectory left mid-turn with no worker carrying it on, recovered.
 
 :class:`StrandedTurns` is the router's backstop, run by the reconciler after its own pass
-(:mod:`router.process.reconcile`). It walks the acting trajectories of every tenant a page per tick
+(:mod:`router.process.reconcile`). It walks the acting trajectories (and those in FINALIZING,
+whose closing call may be in flight) of every tenant a page per tick
 (:class:`router.process.sweeps.IndexCursor`) and delivers ``Recover`` by compare-and-set to one
 whose version has stood still for ``after_s`` while no member's custody names it in its current
 turn: a router or worker died between the admission's compare-and-set and its custody entry, or a
@@ -23,13 +24,15 @@ from dataclasses import dataclass, field
 
 from kernel.errors import ReinsError
 from kernel.record import TrajectoryRecord
-from kernel.states import ACTING
+from kernel.states import ACTING, LifecycleState
 from router.process.submit import RouterApi
 from router.process.sweeps import IndexCursor, Key
 from router.wire.custody import Custody
 
 log = logging.getLogger("reins.router.stranded")
-_ACTING = tuple(sorted(ACTING, key=lambda s: s.value))
+#: Where a turn can be stranded: an acting state, or FINALIZING while its closing call runs.
+SWEPT = frozenset({*ACTING, LifecycleState.FINALIZING})
+_ACTING = tuple(sorted(SWEPT, key=lambda s: s.value))
 
 
 @dataclass
@@ -99,7 +102,7 @@ class StrandedTurns:
         """Read the record; True when it was stranded and is now recovered."""
         try:
             rec = self.api.store.load(*key)
-            if rec.state not in ACTING:
+            if rec.state not in SWEPT:
                 del self._watch[key]
                 return False
             if rec.record_version != watch.version:  # moved on (or first read): watch again

@@ -1,7 +1,8 @@
 """Time for the trajectories no event wakes: the router delivers the kernel's ``Tick``.
 
 :class:`Ticker`, run at the router's tick, delivers ``Tick`` every ``every_s`` seconds to the next
-``batch`` trajectories that wait between turns (READY, PAUSED, AWAITING_APPROVAL, WAITING_TOOL),
+``batch`` trajectories that wait between turns (READY, PAUSED, AWAITING_APPROVAL, WAITING_TOOL)
+or for their closing call (FINALIZING),
 walking the store's index of those states a page at a time
 (:class:`router.process.sweeps.IndexCursor`), through
 :meth:`router.process.submit.RouterApi.deliver`, so
@@ -24,12 +25,14 @@ from router.process.sweeps import IndexCursor
 
 log = logging.getLogger("reins.router.ticker")
 #: The states in which a trajectory waits between turns: time (or an outside event) moves it on,
-#: and a READY one past its wall-clock limit must end even while no admission comes.
+#: and a READY one past its wall-clock limit must end even while no admission comes; and
+#: FINALIZING, whose closing call has a time allowance of its own (kernel.finalizing).
 WAITING = (
     LifecycleState.READY,
     LifecycleState.PAUSED,
     LifecycleState.AWAITING_APPROVAL,
     LifecycleState.WAITING_TOOL,
+    LifecycleState.FINALIZING,
 )
 
 

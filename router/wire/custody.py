@@ -29,7 +29,7 @@ import redis
 
 from kernel.errors import ReinsError
 from kernel.record import OpKind, TrajectoryRecord
-from kernel.states import ACTING
+from kernel.states import ACTING, LifecycleState
 from router.wire.keyspace import fleet_tag
 from router.wire.turns import TurnMessage
 from store.redis_client import Batch, retry_transient, script_reply, text
@@ -62,7 +62,7 @@ class Entrusted:
     def in_turn(self, rec: TrajectoryRecord) -> bool:
         """True while ``rec`` is still acting in the turn this entry was sent for."""
         return (
-            rec.state in ACTING
+            (rec.state in ACTING or rec.state is LifecycleState.FINALIZING)
             and sent_turn(rec, self.call_id) == rec.turn
             and rec.control_epoch == self.epoch
             and rec.record_version >= self.version

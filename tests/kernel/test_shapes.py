@@ -64,6 +64,8 @@ def test_plan_execute_replans_exactly_once_on_not_found() -> None:
 
 
 def test_plan_execute_without_replan_budget_cannot_replan() -> None:
-    out, _model, backend = run(ReplanningRefund(), LoopShape.PLAN_EXECUTE, Budget(max_steps=3))
+    budget = Budget(max_steps=3, max_replans=0)
+    out, _model, backend = run(ReplanningRefund(), LoopShape.PLAN_EXECUTE, budget)
     assert out.record.plan_revision == 1
     assert backend.effects() == []
+    assert out.record.stop_reason is StopReason.FAILED, "a broken plan with no re-plan left"
