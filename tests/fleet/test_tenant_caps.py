@@ -32,6 +32,7 @@ CAP = 2
 TENANTS = "quantum_tokens = 1000\ncredit_cap_tokens = 12000\n" + "".join(
     f'[[tenants]]\nname = "{name}"\nweight = {weight}\nmax_ready = 1000\n'
     f"largest_call_tokens = 8000\nbudget_max = {{ steps = 40 }}\n{extra}\n"
+    'agents = ["examples.support_store:agent"]\n'
     for name, weight, extra in (
         ("acme", 3, f"max_in_flight = {CAP}"),
         ("globex", 2, ""),
