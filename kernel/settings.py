@@ -95,7 +95,9 @@ class Settings(BaseModel):
     admitter_leadership_s: float = Field(
         3.0, gt=0, description="lease of the router that admits while the admitter is local"
     )
-    tenants_file: str = Field("", description="tenant configuration (.toml or .json)")
+    tenants_file: str = Field(
+        "", description="a fleet document (.toml or .json) applied at boot, as reins config apply"
+    )
     router_gather_s: float = Field(
         0.005,
         ge=0,

@@ -30,7 +30,7 @@ from router.admission.claims import Claim
 from router.admission.gates import NO_SETTLEMENT, GateSettlement
 from router.admission.redis.admitter import RedisAdmitter
 from router.admission.redis.gates import RedisGates
-from router.admission.tenants import AdmissionConfig
+from router.fleet import config as fleet_config
 from router.fleet.commits import commit
 from router.fleet.config import ConfigSource
 from router.fleet.observe import AdmissionObserver
@@ -100,28 +100,25 @@ class FollowOn:
         """The chain of a worker with ``settings``: None when ``REINS_FOLLOW_ON_TURNS`` is 0.
 
         The shared admitter admits by the fleet's document (``document``, or one read from
-        ``client``), as every router does, and follows its versions; a tenants file, when one
-        is named (a router of its own, the tests' in-process fleets), fixes it instead. None
-        when that file is refused (logged).
+        ``client``), as every router does, and follows its versions. A tenants file named is
+        applied as the document first (:func:`fleet_config.apply_file`); None when that file
+        is refused (logged).
         """
         if settings.follow_on_turns <= 0:
             return None
-        admitter = None
         if settings.tenants_file:
             try:
-                config = AdmissionConfig.from_file(settings.tenants_file)
-                admitter = RedisAdmitter(client, config, prefix=settings.key_prefix, gates=gates)
+                fleet_config.apply_file(client, settings.key_prefix, settings.tenants_file)
             except ReinsError as exc:
                 log.warning("%s admits no follow-on turns: %s", worker, exc)
                 return None
-            document = None
-        elif document is None:
+        if document is None:
             document = ConfigSource(client, settings.key_prefix)
         return cls(
             worker=worker,
             client=client,
             store=store,
-            admitter=admitter,
+            admitter=None,
             gates=gates,
             custody=custody,
             feed=feed,

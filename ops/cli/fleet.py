@@ -84,15 +84,15 @@ def worker_cmd(
 
 
 def _tenants(settings: Settings) -> Any:
-    """The tenants of ``settings``'s file, or else of the fleet's document (None: neither)."""
-    from router.admission.tenants import AdmissionConfig
+    """The tenants of the fleet's document, ``settings``'s tenants file applied as it first
+    (None: no document and no file)."""
     from router.fleet import config as fleet_config
     from store.redis_client import client_for
 
-    if settings.tenants_file:
-        return AdmissionConfig.from_file(settings.tenants_file)
     client = client_for(settings)
     try:
+        if settings.tenants_file:  # applied as the document at boot (fleet_config.apply_file)
+            fleet_config.apply_file(client, settings.key_prefix, settings.tenants_file)
         fleet = fleet_config.load(client, settings.key_prefix)
     finally:
         client.close()
@@ -101,7 +101,9 @@ def _tenants(settings: Settings) -> Any:
 
 def router_cmd(
     name: str = typer.Option(..., "--name", help="this router replica's name"),
-    tenants: str | None = typer.Option(None, "--tenants", help="tenant configuration file"),
+    tenants: str | None = typer.Option(
+        None, "--tenants", help="a fleet document to apply at boot (as reins config apply)"
+    ),
     gates: str = typer.Option("", "--gates", help="provider gate configuration file"),
     admitter: str = typer.Option("redis", "--admitter", help="redis (shared), drr or fifo"),
     claim_ttl_s: float = typer.Option(30.0, "--claim-ttl-s", help="claims older are reaped"),

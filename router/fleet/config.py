@@ -224,6 +224,23 @@ def tenant_settings(data: dict[str, Any], tenant: str) -> dict[str, Any]:
     return own
 
 
+def apply_file(client: redis.Redis, prefix: str, path: str | Path) -> int:
+    """Apply the file at ``path`` as the fleet's document, unless the stored document already
+    says the same; return the version the fleet runs by.
+
+    This is what ``--tenants FILE`` and ``REINS_TENANTS_FILE`` mean: ``reins config apply FILE``
+    at a process's boot. From then on the process runs by the document and follows its
+    versions like any other, so a later ``reins config apply`` reaches it too. Processes that
+    boot with the same file apply it once between them (a second finds it stored).
+    """
+    data = read_file(path)
+    wanted = json.dumps(_plain(data), sort_keys=True)
+    raw = cast(list[Any], client.hmget(config_key(prefix), "version", "document"))
+    if raw[0] is not None and raw[1] is not None and raw[1].decode() == wanted:
+        return int(raw[0])
+    return apply(client, prefix, data)
+
+
 def load(client: redis.Redis, prefix: str) -> FleetConfig | None:
     """The stored configuration, or None when none was applied."""
     raw = cast(list[Any], client.hmget(config_key(prefix), "version", "document"))

@@ -77,18 +77,17 @@ def load_gate_config(path: str) -> GateConfig | None:
 
 
 def fleet_configuration(client: redis.Redis, prefix: str, options: RouterOptions) -> Applied:
-    """The tenants and gates a router runs by: its files when it is given a tenants file (a
-    router on its own; version 0), otherwise the fleet's document in Redis (``reins config
-    apply``) as read at boot, which :class:`router.fleet.live.LiveConfig` follows from then on;
+    """The tenants and gates a router runs by: the fleet's document in Redis (``reins config
+    apply``) as read at boot, which :class:`router.fleet.live.LiveConfig` follows from then on.
+    A tenants file given is applied as the document first (:func:`fleet_config.apply_file`);
     a gates file given still replaces the document's gates."""
     if options.tenants_file:
-        config = AdmissionConfig.from_file(options.tenants_file)
-        return Applied(0, config, load_gate_config(options.gates_file))
+        fleet_config.apply_file(client, prefix, options.tenants_file)
     fleet = fleet_config.load(client, prefix)
     if fleet is None:
         raise ConfigError(
             "no tenant configuration: run 'reins config apply FILE' (the fleet's document in "
-            "Redis), or name a file with REINS_TENANTS_FILE or --tenants"
+            "Redis), or name a file to apply at boot with REINS_TENANTS_FILE or --tenants"
         )
     gates = load_gate_config(options.gates_file) if options.gates_file else fleet.gates
     return Applied(fleet.version, fleet.admission, gates, fleet.routes)

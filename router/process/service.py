@@ -107,7 +107,7 @@ class RouterService:
         self.dispatcher = self.admission.dispatcher(self.store)
         source = ConfigSource(self.client, settings.key_prefix, refresh_s=0)
         self.live = LiveConfig(
-            None if options.tenants_file else source,
+            source,
             Applied(self.admission.version, self.config, self.gate_config),
             self._reconfigure,
             gates_override=load_gate_config(options.gates_file) if options.gates_file else None,
@@ -119,11 +119,7 @@ class RouterService:
         self.memory = RedisMemory(
             self.client, prefix=settings.key_prefix, retry_attempts=settings.redis_retry_attempts
         )
-        documented = (
-            None
-            if options.tenants_file
-            else ConfigSource(self.client, settings.key_prefix, refresh_s=MemorySweep.every_s)
-        )
+        documented = ConfigSource(self.client, settings.key_prefix, refresh_s=MemorySweep.every_s)
         self.memory_sweep = MemorySweep(
             self.memory,
             tenants=lambda: self.swept,

@@ -25,13 +25,28 @@ WEIGHTS = {"acme": 3, "globex": 2, "initech": 1}
 ROUTE = "scripted/refund-policy"
 
 
-def tenants_toml(max_steps: int = 40) -> str:
-    """Three tenants, weights 3:2:1, a small quantum so shares settle within a few rounds."""
+#: The agents the fleet tests' tenants may run (the fleet's document lists each tenant's).
+FLEET_AGENTS = (
+    "examples.support_store:agent",
+    "examples.support_store:agent_lookup",
+    "examples.support_store:agent_routed",
+    "examples.support_store:agent_local",
+    "examples.support_store.notes:agent",
+    "examples.support_store.notes:agent_trusting",
+    "examples.support_store.remembering:agent",
+)
+
+
+def tenants_toml(max_steps: int = 40, agents: tuple[str, ...] = FLEET_AGENTS) -> str:
+    """Three tenants, weights 3:2:1, a small quantum so shares settle within a few rounds; a
+    fleet document, which a process given it as its tenants file applies at boot."""
     parts = ["quantum_tokens = 1000\ncredit_cap_tokens = 12000\n"]
+    listed = json.dumps(list(agents))
     for name, weight in WEIGHTS.items():
         parts.append(
             f'[[tenants]]\nname = "{name}"\nweight = {weight}\nmax_ready = 1000\n'
             f"largest_call_tokens = 8000\nbudget_max = {{ steps = {max_steps} }}\n"
+            f"agents = {listed}\n"
         )
     return "\n".join(parts)
 

@@ -253,7 +253,7 @@ def test_a_guarded_confirmation_answered_in_error_is_confirmed_on_its_own(
     redis_client: redis.Redis, key_prefix: str, tenants_file: Path, gates_file: Path
 ) -> None:
     fleet, follow_on = gated(redis_client, key_prefix, tenants_file, gates_file, 16)
-    admitter: Any = follow_on.admitter
+    admitter: Any = follow_on._admitter_now()  # built from the document the file became
     guarded = admitter.confirm_committed
     answered_in_error: list[bool] = []
 

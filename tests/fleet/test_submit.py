@@ -3,6 +3,7 @@ and bad input is refused with its reason and changes nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,8 @@ from kernel.errors import (
     UnknownAgent,
 )
 from kernel.states import LifecycleState
-from tests.fleet.conftest import WEIGHTS
+from router.fleet import config as fleet_config
+from tests.fleet.conftest import FLEET_AGENTS, WEIGHTS, tenants_toml
 from tests.fleet.harness import InProcessFleet, refund_job
 
 pytestmark = pytest.mark.redis
@@ -41,6 +43,16 @@ def test_a_job_becomes_one_ready_record_of_the_callers_tenant(inproc: InProcessF
     assert done.trajectory_id == "job-1" and inproc.service.dispatcher.admitter.is_queued("job-1")
     with pytest.raises(SnapshotNotFound):
         inproc.load("acme", "job-1")
+
+
+@pytest.fixture
+def tenants_file(tmp_path: Path) -> Path:
+    """The fleet's tenants, allowed two agents that cannot run as well: the fleet lists them,
+    so a submission naming one is refused for what it is."""
+    path = tmp_path / "tenants.toml"
+    unrunnable = ("examples.nowhere:agent", "examples.support_store:nothing")
+    path.write_text(tenants_toml(agents=(*FLEET_AGENTS, *unrunnable)))
+    return path
 
 
 @pytest.mark.parametrize(
@@ -93,3 +105,22 @@ def test_control_requests_the_kernel_refuses_change_nothing(inproc: InProcessFle
     with pytest.raises(IllegalTransition, match="not paused"):
         inproc.api.control("acme", tid, "resume", "ops")
     assert inproc.load("acme", tid).to_json() == before
+
+
+def test_a_tenants_file_is_applied_as_the_document_and_config_apply_still_reaches_the_router(
+    inproc: InProcessFleet, redis_client: redis.Redis, key_prefix: str, tenants_file: Path
+) -> None:
+    """``--tenants FILE`` is ``reins config apply FILE`` at boot: the router then runs by the
+    document and follows its later versions, as every deployed router does."""
+    booted = fleet_config.stored_version(redis_client, key_prefix)
+    assert booted >= 1, "the router applied its file as the fleet's document"
+    assert fleet_config.apply_file(redis_client, key_prefix, tenants_file) == booted, (
+        "a second process booting with the same file applies nothing new"
+    )
+    assert inproc.service.config.tenant("umbrella") is None
+    document = fleet_config.read_file(tenants_file)
+    document["tenants"].append({**document["tenants"][0], "name": "umbrella"})
+    version = fleet_config.apply(redis_client, key_prefix, document)
+    assert inproc.service.live.tick(), "the router took the operator's new version"
+    assert inproc.service.live.applied.version == version
+    assert inproc.service.config.tenant("umbrella") is not None

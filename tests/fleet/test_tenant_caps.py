@@ -9,6 +9,7 @@ ends, no turn is admitted twice, and no turn is left in flight at the end."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from pathlib import Path
@@ -23,6 +24,7 @@ from router.admission.redis.gates import admitter_tag
 from router.wire.custody import Custody
 from router.wire.feed import Feed
 from store.redis_store import RedisStore
+from tests.fleet.conftest import FLEET_AGENTS
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import caller_api, start, stop_all, wait_all_ended
 from tests.support import wait_for
@@ -32,6 +34,7 @@ CAP = 2
 TENANTS = "quantum_tokens = 1000\ncredit_cap_tokens = 12000\n" + "".join(
     f'[[tenants]]\nname = "{name}"\nweight = {weight}\nmax_ready = 1000\n'
     f"largest_call_tokens = 8000\nbudget_max = {{ steps = 40 }}\n{extra}\n"
+    f"agents = {json.dumps(list(FLEET_AGENTS))}\n"
     for name, weight, extra in (
         ("acme", 3, f"max_in_flight = {CAP}"),
         ("globex", 2, ""),
