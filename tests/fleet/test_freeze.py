@@ -53,9 +53,8 @@ class Counting:
 def test_a_frozen_tenants_refund_is_held_not_sent_until_the_freeze_lifts(
     redis_client: redis.Redis, key_prefix: str, tmp_path: Path
 ) -> None:
-    doc, tenants = tmp_path / "fleet.toml", tmp_path / "tenants.toml"
+    doc = tmp_path / "fleet.toml"
     doc.write_text(fleet_toml() + "\n[authority.tenants.acme]\nfrozen = true\n")
-    tenants.write_text(fleet_toml())  # the in-process router's own file: tenants only
     applied = reins(key_prefix, "config", "apply", str(doc))
     assert applied.returncode == 0, applied.stderr
     source = fleet_config.ConfigSource(redis_client, key_prefix, refresh_s=0)
@@ -68,7 +67,7 @@ def test_a_frozen_tenants_refund_is_held_not_sent_until_the_freeze_lifts(
     fleet = InProcessFleet(
         redis_client,
         key_prefix,
-        tenants,
+        doc,  # applied at boot: the same document, so nothing new
         backend=backend,
         authority=fleet_config.authority_lookup(source),
     )
