@@ -94,6 +94,18 @@ class ControlRequested(_Event):
     instructions: str | None = None
 
 
+class ToolDeferred(_Event):
+    """A tool call was not sent: the capacity it needs (``gate``, a tool gate's route) had no
+    room in time. Nothing happened; the kernel decides whether the call waits on (it is sent
+    again under the same attempt) or is dropped. Backpressure, never a result for the model."""
+
+    type: Literal["tool_deferred"] = "tool_deferred"
+    call_id: str
+    attempt_id: str
+    gate: str
+    reason: str = ""
+
+
 class ToolProgress(_Event):
     """A long job's log line or heartbeat: kept, bounded, and never a reason to resume."""
 
@@ -137,6 +149,7 @@ Event = (
     Admit
     | ModelReplied
     | ToolResulted
+    | ToolDeferred
     | ToolProgress
     | ApprovalDecided
     | ControlRequested

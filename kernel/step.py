@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel import control, fold, owed, recovery, results
+from kernel import backpressure, control, fold, owed, recovery, results
 from kernel.admission import admit
 from kernel.context import Draft, KernelContext, StepResult
 from kernel.errors import IllegalTransition
@@ -29,6 +29,7 @@ from kernel.events import (
     Reconcile,
     Recover,
     Tick,
+    ToolDeferred,
     ToolProgress,
     ToolResulted,
 )
@@ -63,6 +64,7 @@ HANDLERS: dict[type[Event], Handler] = {
     Admit: lambda draft, ev: admit(draft),
     ModelReplied: fold.on_model_reply,
     ToolResulted: results.on_tool_result,
+    ToolDeferred: backpressure.on_tool_deferred,
     ApprovalDecided: control.on_approval,
     ControlRequested: control.on_control,
     Tick: lambda draft, ev: control.on_tick(draft),
