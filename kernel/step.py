@@ -50,7 +50,9 @@ def finalize(draft: Draft, ev: Finalize) -> None:
             "finalize",
             "finalize a trajectory only between turns",
         )
-    if rec.held is not None and rec.held.status is ApprovalStatus.HELD:
+    if rec.held is not None and (
+        rec.held.status is ApprovalStatus.HELD or control.approved_not_admitted(rec)
+    ):
         rec.held.status = ApprovalStatus.WITHDRAWN
         rec.held.decided_at = draft.now
     rec.pending_control = None
