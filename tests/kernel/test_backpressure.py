@@ -13,6 +13,7 @@ from kernel.errors import UnknownReference
 from kernel.events import DispatchTool, ToolDeferred
 from kernel.record import ControlKind, OpStatus, TrajectoryRecord
 from kernel.states import LifecycleState, StopReason
+from kernel.trace import postmortem
 from tests.kernel.driver import Driver
 
 S = LifecycleState
@@ -116,3 +117,13 @@ def test_a_version_5_record_reads_with_no_call_waiting() -> None:
         del op["waiting"]
     back = TrajectoryRecord.from_json(json.dumps(raw))
     assert all(op.waiting is None for op in back.operations.values())
+
+
+def test_a_wait_is_no_error_in_the_postmortem() -> None:
+    d = Driver()
+    cmd = d.to_reading()
+    defer(d, cmd)
+    d.result(d.commands(DispatchTool)[0], {"status": "ok", "total_cents": 15000})
+    rows = [row for result in d.history for row in result.rows]
+    assert any(r.outcome == "waiting" for r in rows)
+    assert postmortem(rows)["first_error"] is None, "waiting for capacity is not an error"
