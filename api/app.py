@@ -18,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.responses import JSONResponse
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from api import fleet_routes, memory_routes, problems, routes
+from api import authority_routes, fleet_routes, memory_routes, problems, routes
 from api.auth import front_of
 from api.console import pages as console
 from api.front import Front
@@ -52,6 +52,7 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
         # own trust, of 127.0.0.1 by default, is off: api.serve); from any other, ignored
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.proxies())
     problems.install(app)
+    app.include_router(authority_routes.router)  # before routes: /{control} takes any name
     app.include_router(routes.router)
     app.include_router(fleet_routes.router)
     app.include_router(memory_routes.router)

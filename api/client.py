@@ -163,6 +163,16 @@ class ReinsClient:
         path = f"/v1/trajectories/{trajectory_id}/{kind}"
         return cast(JsonDict, _json(self.http.post(path, json=body)))
 
+    def freeze(self, trajectory_id: str, *, frozen: bool = True) -> JsonDict:
+        """Freeze a trajectory (its writes are held, not sent), or lift its freeze."""
+        path = f"/v1/trajectories/{trajectory_id}/freeze"
+        return cast(JsonDict, _json(self.http.post(path, json={"frozen": frozen})))
+
+    def grants(self, trajectory_id: str, grants: JsonDict) -> JsonDict:
+        """Set a trajectory's grants (tools, read_only, denied_targets)."""
+        path = f"/v1/trajectories/{trajectory_id}/grants"
+        return cast(JsonDict, _json(self.http.post(path, json=grants)))
+
     def approvals(self) -> JsonDict:
         """Every approval held in the tenant."""
         return cast(JsonDict, _json(self.http.get("/v1/approvals")))

@@ -24,7 +24,7 @@ from kernel.errors import SnapshotNotFound, UnknownAgent
 from kernel.settings import Settings
 from kernel.tools import Catalog
 from router.fleet.agents import AgentCache
-from router.fleet.config import ConfigSource, FleetConfig, importable
+from router.fleet.config import ConfigSource, FleetConfig, authority_lookup, importable
 from router.placement.membership import Membership
 from router.placement.ring import Ring
 from router.process.submit import RouterApi, Submission
@@ -80,7 +80,7 @@ class Front:
             store=RedisStore(client, prefix=prefix, retry_attempts=settings.redis_retry_attempts),
             feed=Feed(client, prefix),
             config=config,
-            agents=AgentCache(importable(config)),
+            agents=AgentCache(importable(config), authority=authority_lookup(config)),
             keys=keys,
             sessions=sessions,
             idempotency=IdempotencyKeys(client, prefix),

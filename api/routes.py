@@ -216,7 +216,11 @@ def approvals(grant: Authenticated, request: Request) -> Approvals:
     items: list[HeldApproval] = []
     for rec in front.store.records(tenant, LifecycleState.AWAITING_APPROVAL):
         held = held_of(rec, front.catalog_of(rec.agent))
-        if held is not None and held.status == ApprovalStatus.HELD.value:
+        if (
+            held is not None
+            and held.status == ApprovalStatus.HELD.value
+            and held.reason == "approval"
+        ):
             items.append(held)
     items.sort(key=lambda h: (h.held_at, h.trajectory_id))
     return Approvals(items=items)

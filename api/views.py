@@ -81,6 +81,9 @@ class HeldApproval(BaseModel):
     changes: list[Changed] = Field(
         default_factory=list, description="what it would change, where its tool can say"
     )
+    reason: str = Field(
+        "approval", description="why it waits: approval (for a reviewer), freeze or read_only"
+    )
 
 
 class Waiting(BaseModel):
@@ -215,6 +218,7 @@ def held_of(rec: TrajectoryRecord, catalog: Catalog | None = None) -> HeldApprov
         status=held.status.value,
         reserves=reserves,
         changes=changes or [],
+        reason=held.reason.value,
     )
 
 

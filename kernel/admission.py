@@ -7,6 +7,7 @@ runs out. The call is registered and reserved before the ``CallModel`` command e
 
 from __future__ import annotations
 
+from kernel.agent import Escalation
 from kernel.amounts import Amounts, Dimension, model_call_liability
 from kernel.chain import RowKind
 from kernel.compaction import mark, prepare
@@ -33,15 +34,14 @@ def calls_that_fit(rec: TrajectoryRecord, liability: Amounts) -> int:
     return max(min(fits), 0) if fits else 1_000_000
 
 
-def escalate(draft: Draft, liability: Amounts) -> bool:
+def escalate(draft: Draft, liability: Amounts, policy: Escalation) -> bool:
     """Staged escalation (seed 004 table 9) from the admission terms; True if a stage began.
 
     Steer: the view shows the remaining allowance and asks for a smaller step or the final
     report. Restrict: grants narrow to read-only tools. Finalize is the admission refusal
     itself, when the next call no longer fits beside the reserve.
     """
-    rec, policy = draft.rec, draft.ctx.agent.escalation
-    assert policy is not None
+    rec = draft.rec
     left = calls_that_fit(rec, liability)
     stage = None
     if left <= policy.restrict_at_calls and rec.escalation is not EscalationStage.RESTRICT:
@@ -88,7 +88,8 @@ def admit(draft: Draft) -> None:
     view, folds, cap = compacting or (render(rec), 0, budget.max_output_tokens)
     tokens_in = ctx.reserved_input(ctx.estimator(view))
     liability = model_call_liability(ctx.agent.model.price, tokens_in, cap)
-    if compacting is None and ctx.agent.escalation is not None and escalate(draft, liability):
+    staged = ctx.escalation_of(rec.tenant) if compacting is None else None
+    if staged is not None and escalate(draft, liability, staged):
         view = render(rec)  # the view now carries the escalation notice
         tokens_in = ctx.reserved_input(ctx.estimator(view))
         liability = model_call_liability(ctx.agent.model.price, tokens_in, cap)

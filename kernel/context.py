@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from kernel.agent import AgentProfile
+from kernel.agent import AgentProfile, Escalation
 from kernel.amounts import Dimension
+from kernel.authority import AuthorityLookup, TenantAuthority
 from kernel.chain import ChainRow, RowKind
 from kernel.closing import closing_message
 from kernel.errors import IllegalTransition
@@ -63,6 +64,19 @@ class KernelContext:
     # not fit stays approved and held, re-checked at each tick. The fleet leaves it unset: a
     # tool's capacity is its gate, asked where the call runs (docs/adr/0203-backpressure.md).
     capacity: Callable[[TrajectoryRecord, ToolSpec, dict[str, Any]], bool] | None = None
+    # The operators' settings of a tenant (the fleet's document): grants, freeze, escalation.
+    authority: AuthorityLookup | None = None
+
+    def authority_of(self, tenant: str) -> TenantAuthority | None:
+        """The settings in force for ``tenant`` (None: none set)."""
+        return self.authority(tenant) if self.authority is not None else None
+
+    def escalation_of(self, tenant: str) -> Escalation | None:
+        """Staged escalation for ``tenant``'s runs: the tenant's setting, else the agent's."""
+        own = self.authority_of(tenant)
+        if own is not None and own.escalation is not None:
+            return own.escalation
+        return self.agent.escalation
 
     @cached_property
     def unseen_tokens(self) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel import waits
+from kernel import policy_holds, waits
 from kernel.amounts import ZERO, Dimension, tool_call_liability
+from kernel.authority import barrier
 from kernel.chain import RowKind
 from kernel.context import Draft
 from kernel.dispatch import dispatch, proposal_digest, refusal
@@ -24,6 +25,7 @@ from kernel.record import (
     ApprovalStatus,
     ControlKind,
     HeldProposal,
+    HoldReason,
     OpKind,
     OpStatus,
     PendingControl,
@@ -262,6 +264,13 @@ def _decided_hold(draft: Draft, ev: ApprovalDecided) -> HeldProposal:
             f"{ev.digest[:8]}..., the held request is version {held.held_version} digest "
             f"{held.digest[:8]}..."
         )
+    if held.reason is not HoldReason.APPROVAL:
+        raise UnknownReference(
+            f"approval {ev.approval_id}: held by a {held.reason.value}, not for review; "
+            "it is sent when the operator lifts it",
+            code="held_by_policy",
+            field="approval_id",
+        )
     if ev.reviewer not in draft.ctx.agent.reviewers:
         raise UnknownReference(
             f"approval {ev.approval_id}: {ev.reviewer!r} may not decide",
@@ -300,7 +309,7 @@ def _admission_terms(
     rec = draft.rec
     fits = rec.ledger.fits(tool_call_liability(spec.liability or ZERO))
     clocks_ok = clock_refusal(rec, now) is None
-    granted = spec.permitted(rec.grants, held.args)
+    granted = barrier(rec, draft.ctx.authority_of(rec.tenant), spec, held.args) is None
     capacity = draft.ctx.capacity(rec, spec, held.args) if draft.ctx.capacity else True
     return {"fits": fits, "clocks": clocks_ok, "granted": granted, "capacity": capacity}
 
@@ -453,6 +462,8 @@ def on_tick(draft: Draft) -> None:
     approved = approved_not_admitted(rec)
     if approved is not None:
         _recheck(draft, approved)
+        return
+    if policy_holds.recheck(draft):  # a freeze or read-only grant lifted: the write goes
         return
     deadline = rec.wait_deadline
     if rec.state is S.WAITING_TOOL and deadline is not None and draft.now >= deadline:

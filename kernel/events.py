@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.amounts import Usage
 from kernel.fastmodel import pinned_values
-from kernel.record import ControlKind
+from kernel.record import ControlKind, Grants
 from kernel.states import LifecycleState, StopReason
 
 
@@ -106,6 +106,17 @@ class ToolDeferred(_Event):
     reason: str = ""
 
 
+class GrantsChanged(_Event):
+    """An operator sets a trajectory's grants (tools, read-only, denied targets) or its
+    freeze; a field left None is kept as it is."""
+
+    type: Literal["grants_changed"] = "grants_changed"
+    request_id: str
+    requested_by: str
+    grants: Grants | None = None  # replaces tools, read-only and denied targets
+    frozen: bool | None = None
+
+
 class ToolProgress(_Event):
     """A long job's log line or heartbeat: kept, bounded, and never a reason to resume."""
 
@@ -153,6 +164,7 @@ Event = (
     | ToolProgress
     | ApprovalDecided
     | ControlRequested
+    | GrantsChanged
     | Finalize
     | Recover
     | Reconcile

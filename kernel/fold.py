@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel import compaction, owed, shapes
+from kernel import compaction, owed, policy_holds, shapes
 from kernel.amounts import NOTHING, Amounts, model_call_charge
+from kernel.authority import barrier
 from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
 from kernel.dispatch import Call, call_key, dispatch, proposal_digest, refusal, same_effect
@@ -250,9 +251,7 @@ def _on_tools(draft: Draft, calls: list[Any]) -> None:
     for call in calls:
         if len(admitted) >= rec.budget.max_fanout:
             break
-        name = call.get("name") if isinstance(call, dict) else None
-        args = call.get("args") if isinstance(call, dict) else None
-        plan_step = call.get("plan_step") if isinstance(call, dict) else None
+        name, args, plan_step = _parts(call)
         fp = fingerprint(str(name), args)
         rec.seen[fp] = rec.seen.get(fp, 0) + 1
         if rec.seen[fp] > rec.budget.max_repeat:
@@ -262,14 +261,16 @@ def _on_tools(draft: Draft, calls: list[Any]) -> None:
         if known is None:
             continue
         spec, clean = known
-        if not isinstance(plan_step, str) or not any(s.id == plan_step for s in rec.plan):
-            plan_step = None
-        denial = _policy_denial(rec, spec, clean)
-        if denial is not None:
-            draft.stop(StopReason.FAILED, denial)
-            return
+        plan_step = _in_plan(rec, plan_step)
+        bar = barrier(rec, draft.ctx.authority_of(rec.tenant), spec, clean)
+        if bar is not None and not bar.hold:  # refused to the model as a policy result
+            policy_holds.refuse(draft, spec, clean, bar)
+            continue
         if spec.kind is ToolKind.WRITE and _answered_once(draft, spec, clean, plan_step):
             continue
+        if bar is not None:  # a freeze or a read-only grant: held, not sent
+            policy_holds.hold(draft, spec, clean, plan_step, bar)
+            return
         if spec.needs_approval(clean):
             _hold(draft, spec, clean, plan_step)
             return
@@ -278,6 +279,20 @@ def _on_tools(draft: Draft, calls: list[Any]) -> None:
         draft.end_turn(Cause.REPLY_OBSERVE)
         return
     dispatch(draft, admitted, Cause.REPLY_TOOLS)
+
+
+def _parts(call: Any) -> tuple[Any, Any, Any]:
+    """A proposed call's name, arguments and plan step (None for what it lacks)."""
+    if not isinstance(call, dict):
+        return None, None, None
+    return call.get("name"), call.get("args"), call.get("plan_step")
+
+
+def _in_plan(rec: TrajectoryRecord, plan_step: Any) -> str | None:
+    """``plan_step`` when it names a step of the plan, else None."""
+    if isinstance(plan_step, str) and any(s.id == plan_step for s in rec.plan):
+        return plan_step
+    return None
 
 
 def _answered_once(
@@ -325,16 +340,6 @@ def _known_call(draft: Draft, name: Any, args: Any) -> tuple[ToolSpec, dict[str,
         )
         return None
     return spec, clean
-
-
-def _policy_denial(rec: TrajectoryRecord, spec: ToolSpec, args: dict[str, Any]) -> str | None:
-    """Why policy forbids this call whatever the model says (not granted, or no finite
-    liability to reserve), or None if it allows it."""
-    if not spec.permitted(rec.grants, args):
-        return f"policy denial: {spec.name} is not granted"
-    if spec.liability is None:
-        return f"policy denial: {spec.name} has no finite liability"
-    return None
 
 
 def _hold(draft: Draft, spec: ToolSpec, args: dict[str, Any], plan_step: str | None) -> None:

@@ -32,6 +32,7 @@ class Cause(StrEnum):
     WAIT_SATISFIED = "wait_satisfied"  # the wait policy of WAITING_TOOL is met
     WITHDRAWN = "withdrawn"  # a wait or approval withdrawn (deadline, control, expiry, denial)
     APPROVED = "approved"  # an approval decision whose dispatch was admitted
+    RELEASED = "released"  # an operator lifted the freeze or grant that held a write
     PAUSE = "pause"
     RESUME = "resume"
     STOP = "stop"  # any exit: completion request, budget, stall, control, failure
@@ -178,7 +179,9 @@ GUARDS: dict[tuple[S, S], Guard] = {
     (S.CALLING_MODEL, S.WAITING_TOOL): _all(_cause(Cause.REPLY_TOOLS), _no_pending, _clocks),
     (S.CALLING_MODEL, S.AWAITING_APPROVAL): _all(_cause(Cause.REPLY_APPROVAL), _no_pending),
     (S.WAITING_TOOL, S.READY): _cause(Cause.WAIT_SATISFIED, Cause.WITHDRAWN),
-    (S.AWAITING_APPROVAL, S.WAITING_TOOL): _all(_cause(Cause.APPROVED), _no_pending, _clocks),
+    (S.AWAITING_APPROVAL, S.WAITING_TOOL): _all(
+        _cause(Cause.APPROVED, Cause.RELEASED), _no_pending, _clocks
+    ),
     (S.AWAITING_APPROVAL, S.READY): _cause(Cause.WITHDRAWN),
     (S.PAUSED, S.READY): _cause(Cause.RESUME),
     **{(s, S.FINALIZING): _all(_cause(Cause.STOP), _stop) for s in LIVE},

@@ -26,11 +26,12 @@ from kernel.modeljson import json_native, model_json
 from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 6  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
-# 5: the recoveries count and the highest fence; 6: what a tool call waits for
-#: Older records read as a 6 without what they lack (no overrun, no scratchpad, the tenant's
-#: first class, no recoveries, no tool call waiting).
-READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, SCHEMA_VERSION})
+SCHEMA_VERSION = 7  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
+# 5: the recoveries count and the highest fence; 6: the grants' freeze and a hold's reason;
+# 7: what a tool call waits for
+#: Older records read as a 7 without what they lack (no overrun, no scratchpad, the tenant's
+#: first class, no recoveries, not frozen, holds for a reviewer, no tool call waiting).
+READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
 
@@ -133,6 +134,16 @@ class ApprovalStatus(StrEnum):
     WITHDRAWN = "withdrawn"
 
 
+@pinned_values
+class HoldReason(StrEnum):
+    """Why a proposed action is held instead of sent: a reviewer must decide it, or an
+    operator's freeze or read-only grant keeps writes waiting until it is lifted."""
+
+    APPROVAL = "approval"
+    FREEZE = "freeze"
+    READ_ONLY = "read_only"
+
+
 @json_native
 class HeldProposal(Mutable):
     """An exact proposed action frozen for review (approval escrow, seed 004 10.7)."""
@@ -151,6 +162,7 @@ class HeldProposal(Mutable):
     status: ApprovalStatus = ApprovalStatus.HELD
     held_at: float = 0.0
     decided_at: float | None = None  # when a decision (or expiry, or withdrawal) closed it
+    reason: HoldReason = HoldReason.APPROVAL  # only an approval hold is for a reviewer
 
 
 @pinned_values
@@ -183,8 +195,9 @@ class Grants(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tools: list[str] | None = None  # None: every tool of the agent profile
-    read_only: bool = False  # a freeze: no write tool is dispatched
+    read_only: bool = False  # no write tool is dispatched: writes wait (escalation: refused)
     denied_targets: list[str] = Field(default_factory=list)
+    frozen: bool = False  # an operator's freeze: writes wait until it is lifted
 
     def allows(self, tool: str, is_write: bool, target: str | None = None) -> bool:
         """True when a call to ``tool`` (on ``target``) is within the grants."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel import backpressure, control, fold, owed, recovery, results
+from kernel import backpressure, control, fold, owed, policy_holds, recovery, results
 from kernel.admission import admit
 from kernel.context import Draft, KernelContext, StepResult
 from kernel.errors import IllegalTransition
@@ -25,6 +25,7 @@ from kernel.events import (
     ControlRequested,
     Event,
     Finalize,
+    GrantsChanged,
     ModelReplied,
     Reconcile,
     Recover,
@@ -69,6 +70,7 @@ HANDLERS: dict[type[Event], Handler] = {
     ToolDeferred: backpressure.on_tool_deferred,
     ApprovalDecided: control.on_approval,
     ControlRequested: control.on_control,
+    GrantsChanged: policy_holds.on_grants,
     Tick: lambda draft, ev: control.on_tick(draft),
     ToolProgress: control.on_progress,
     Finalize: finalize,

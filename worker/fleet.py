@@ -35,7 +35,7 @@ from kernel.tools import ToolBackend
 from router.admission.gates import GateConfig
 from router.admission.redis.gates import RedisGates
 from router.fleet.agents import AgentCache
-from router.fleet.config import ConfigSource, importable
+from router.fleet.config import ConfigSource, authority_lookup, importable
 from router.fleet.health import Beat, HealthServer, live_within_s, serve_probes
 from router.fleet.routes import following
 from router.placement.membership import Membership, Progress
@@ -119,7 +119,7 @@ class FleetWorker:
         pool_options = PoolOptions.from_settings(settings)
         routed = following(source.peek)
         tools = TurnTools(
-            AgentCache(importable(source), routed),
+            AgentCache(importable(source), routed, authority_lookup(source)),
             environ,
             options.overrides,
             factory,

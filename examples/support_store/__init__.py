@@ -81,6 +81,7 @@ def refund_tool(on_unknown: OnUnknown = OnUnknown.STOP) -> DeclaredTool:
         RefundArgs,
         kind=ToolKind.WRITE,
         needs_approval=_over_limit,
+        target_arg="order_id",  # an operator's grants may deny an order
         facts=("refunded_cents",),
         fact_key="order_id",
         on_unknown=on_unknown,
@@ -102,6 +103,7 @@ def email_tool(on_unknown: OnUnknown = OnUnknown.STOP) -> DeclaredTool:
     @tool(
         OrderArgs,
         kind=ToolKind.WRITE,
+        target_arg="order_id",
         facts=("sent",),
         fact_key="order_id",
         on_unknown=on_unknown,

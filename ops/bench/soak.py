@@ -2,7 +2,8 @@
 
 Two routers, three workers and the API as local processes; the store and the broker on a
 redis-server of the run's own with ``appendfsync everysec`` (Redis's default); the tool backend
-is the support store as a service that cannot de-duplicate, its state on the machine's Redis
+is the support store as a service that cannot de-duplicate and answers a write 0.3 s after its
+effect (so a fault in that window leaves an outcome to recover), its state on the machine's Redis
 (another system, which keeps what the fleet's Redis loses). Three tenants (weights 3:2:1)
 submit refunds through the API at a steady rate, each order with room for a second refund.
 Every ``minutes * 60 / faults`` seconds the next fault of a cycle comes: a worker SIGKILLed
@@ -14,7 +15,9 @@ terminal), duplicated writes (writes past their fence beyond one per key), wrong
 writes (a run whose write its own newer attempt did not shut out, yet was refused by a fence),
 trajectories stuck longer than :data:`STUCK_AFTER_S` (the stated recovery bound: no chain row
 for that long while live), p50 and p99 from submission to end, and each tenant's share of the
-admitted charge against its weight. The method is in ``docs/benchmarks.md``.
+admitted charge against its weight. The worker's look-up before a write
+(``REINS_LOOK_UP_BEFORE_WRITE``, on by default) follows the caller's setting: with it off, the
+soak shows what the kernel's recovery rule alone keeps. The method is in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import redis
 
 from api.client import ReinsClient
 from api.keys import KeyRing, Scope
-from examples.support_store.backend import SupportStoreBackend
+from examples.support_store.backend import WRITES, SupportStoreBackend
 from examples.support_store.state import RedisState
 from kernel.agent import AgentModule
 from kernel.chain import ChainRow, RowKind
@@ -59,6 +62,7 @@ BACKEND = "ops.bench.soak:external_store"
 BACKEND_URL_VAR = "SOAK_BACKEND_REDIS_URL"  # not a REINS_ setting: the backend's own system
 WEIGHTS = {"acme": 3, "globex": 2, "initech": 1}
 ORDER_TOTAL = 9_000  # room for three 3,000-cent refunds
+ANSWER_S = 0.3  # a write's answer comes this long after its effect
 STUCK_AFTER_S = 120.0  # the stated recovery bound: a live run with no chain row this long
 FAULTS = ("worker_kill", "drain_replace", "router_kill", "redis_restart", "drop_clients", "zombie")
 ENV = {
@@ -76,11 +80,32 @@ ENV = {
 }
 
 
+class _AnswersLate(SupportStoreBackend):
+    """The support store, whose writes answer :data:`ANSWER_S` after they took effect, as over
+    a network: a fault in that window leaves an effect whose outcome the run does not know."""
+
+    def call(
+        self,
+        user: str,
+        tool: str,
+        args: dict[str, Any],
+        key: str,
+        timeout_s: float,
+        approval: str | None = None,
+        *,
+        fence: int,
+    ) -> tuple[dict[str, Any], float]:
+        result = super().call(user, tool, args, key, timeout_s, approval, fence=fence)
+        if tool in WRITES:
+            time.sleep(ANSWER_S)
+        return result
+
+
 def external_store(agent: AgentModule, settings: Settings, client: redis.Redis) -> Any:
-    """The support store as a service that cannot de-duplicate, on the Redis at
-    :data:`BACKEND_URL_VAR` (a worker's ``--backend``)."""
+    """The support store as a service that cannot de-duplicate and answers writes late, on the
+    Redis at :data:`BACKEND_URL_VAR` (a worker's ``--backend``)."""
     own = redis.Redis.from_url(os.environ[BACKEND_URL_VAR])
-    return SupportStoreBackend(RedisState(own, settings.key_prefix, deduplicate=False))
+    return _AnswersLate(RedisState(own, settings.key_prefix, deduplicate=False))
 
 
 class _Redis:
@@ -183,7 +208,13 @@ def run(minutes: float = 10.0, quick: bool = False) -> dict[str, Any]:
         try:
             with _fleet(server, prefix, base, Path(tmp), client) as (fleet, port, keys):
                 figures = _soak(fleet, server, client, backend_client, prefix, port, keys, minutes)
-            return {"peer": peer().as_json(), "quick": quick, "minutes": minutes, **figures}
+            return {
+                "peer": peer().as_json(),
+                "quick": quick,
+                "minutes": minutes,
+                "look_up_before_write": base.look_up_before_write,
+                **figures,
+            }
         finally:
             server.kill()
             keys_left = list(backend_client.scan_iter(match=f"{prefix}*", count=1000))
@@ -205,6 +236,8 @@ def _fleet(
         "REINS_KEY_PREFIX": prefix,
         "REINS_REDIS_URL": server.url,
         "REINS_BROKER_URL": server.url,
+        # The caller's choice: off, the soak shows what the kernel's recovery rule alone keeps.
+        "REINS_LOOK_UP_BEFORE_WRITE": "true" if base.look_up_before_write else "false",
         BACKEND_URL_VAR: base.redis_url,
     }
     (tmp / "logs").mkdir()

@@ -114,6 +114,7 @@ def show_cmd() -> None:
         "version": fleet.version,
         "tenants": json.loads(fleet.admission.model_dump_json())["tenants"],
         "gates": None if fleet.gates is None else json.loads(fleet.gates.model_dump_json()),
+        "authority": json.loads(fleet.authority.model_dump_json())["tenants"],
         "models": {  # routes name their keys' variables or files, never a key
             name: json.loads(entry.model_dump_json(exclude_none=True))
             for name, entry in fleet.routes.models.items()

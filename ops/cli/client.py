@@ -141,7 +141,9 @@ def print_shown(shown: dict[str, Any]) -> None:
             "(re-checked until it runs or its approval expires)"
         )
     elif held:
-        console.print(f"held: {held['tool']} {json.dumps(held['arguments'])}")
+        why = held.get("reason", "approval")
+        waits = "for a reviewer" if why == "approval" else f"until the operator lifts: {why}"
+        console.print(f"held {waits}: {held['tool']} {json.dumps(held['arguments'])}")
         console.print(f"next: reins approve {trajectory_id}  (or reins deny {trajectory_id})")
     for wait in shown.get("waiting", ()):
         console.print(f"waiting: {wait['tool']} ({wait['call_id']}) for capacity on {wait['on']}")

@@ -5,6 +5,7 @@ the embedded runner (run, demo, trace, replay); benchmarks."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from contextlib import nullcontext
 
@@ -47,6 +48,9 @@ def bench_cmd(
     options = benchmarks.options(
         name, run, cluster=cluster, trajectories=trajectories, broker=broker, minutes=minutes
     )
+    # A SIGTERM ends the run as Ctrl-C does, through its cleanup: the processes and the
+    # redis-server a bench started are ended with it, not left running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     progress = nullcontext() if as_json else console.status(f"running bench {name} ...")
     with progress:
         result = run(quick=quick, **options)
@@ -64,6 +68,7 @@ def bench_cmd(
 def _register_subcommands() -> None:
     """Attach the sub-applications; each lives in its own module."""
     from ops.cli import admin as cli_admin
+    from ops.cli import authority as cli_authority
     from ops.cli import client as cli_client
     from ops.cli import doctor as cli_doctor
     from ops.cli import fleet as cli_fleet
@@ -72,6 +77,7 @@ def _register_subcommands() -> None:
     from ops.cli import up as cli_up
 
     cli_admin.register(app)
+    cli_authority.register(app)
     cli_client.register(app)
     cli_up.register(app)
     cli_doctor.register(app)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from kernel.agent import AgentModule
+from kernel.authority import AuthorityLookup
 from kernel.context import KernelContext
 from kernel.errors import UnknownAgent
 from router.fleet.routes import ROUTES, ModelRoutes, RouteTable
@@ -70,19 +71,22 @@ class AgentCache:
     An agent whose model is routed (provider ``routes``) gets a kernel context priced by the
     routes ``routing`` gives (the fleet's document in force): reserved at the dearest route,
     settled at the route a reply names; a new version of the model's routes builds a new
-    context, once.
+    context, once. With ``authority``, every context looks up its tenant's grants, freeze
+    and escalation through it (the fleet's document in force).
     """
 
     def __init__(
         self,
         allowed: Callable[[str], bool] | None = None,
         routing: Callable[[], RouteTable] | None = None,
+        authority: AuthorityLookup | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._agents: dict[str, tuple[AgentModule, KernelContext]] = {}
         self._priced: dict[str, tuple[ModelRoutes, KernelContext]] = {}
         self.allowed = allowed
         self.routing = routing
+        self.authority = authority  # tenants' grants, freezes, escalation: every context
 
     def get(self, ref: str) -> tuple[AgentModule, KernelContext]:
         """The agent and its kernel context; raises :class:`UnknownAgent`."""
@@ -91,7 +95,7 @@ class AgentCache:
         found = self._agents.get(ref)
         if found is None:
             agent = load_agent(ref)
-            found = (agent, KernelContext(agent.profile))
+            found = (agent, KernelContext(agent.profile, authority=self.authority))
             with self._lock:
                 found = self._agents.setdefault(ref, found)
         if self.routing is not None and found[0].profile.model.provider == ROUTES:
@@ -110,7 +114,9 @@ class AgentCache:
         if held is not None and held[0] is entry:
             return held[1]
         priced = dataclasses.replace(model, price=entry.worst_price(), route_prices=entry.prices())
-        ctx = KernelContext(dataclasses.replace(agent.profile, model=priced))
+        ctx = KernelContext(
+            dataclasses.replace(agent.profile, model=priced), authority=self.authority
+        )
         with self._lock:
             self._priced[ref] = (entry, ctx)
         return ctx

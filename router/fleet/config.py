@@ -22,9 +22,17 @@ from typing import Any, cast
 
 import redis
 
+from kernel.authority import TenantAuthority
 from kernel.errors import ConfigError
 from router.admission.gates import GateConfig
 from router.admission.tenants import AdmissionConfig, read_document
+from router.fleet.agents import load_agent
+from router.fleet.authority_config import (
+    NO_AUTHORITY,
+    AuthorityConfig,
+    authority_of,
+    check_tools,
+)
 from router.fleet.memory_config import NO_MEMORY_SECTION, MemoryConfig, memory_of
 from router.fleet.routes import NO_ROUTES, ROUTES, RouteTable, parse_models
 
@@ -38,6 +46,7 @@ class FleetConfig:
     gates: GateConfig | None
     memory: MemoryConfig = NO_MEMORY_SECTION  # the document's [memory] section
     routes: RouteTable = NO_ROUTES  # routed models (router/fleet/routes.py)
+    authority: AuthorityConfig = NO_AUTHORITY  # tenants' grants, freezes, escalation
 
     def allows(self, tenant: str, agent: str) -> bool:
         """True when ``tenant`` is configured and lists ``agent`` among those it may run."""
@@ -66,6 +75,17 @@ def importable(source: ConfigSource) -> Callable[[str], bool]:
     return allowed
 
 
+def authority_lookup(source: ConfigSource) -> Callable[[str], TenantAuthority | None]:
+    """For :class:`kernel.context.KernelContext`: a tenant's grants, freeze and escalation in
+    the configuration in force (none while no configuration was applied)."""
+
+    def lookup(tenant: str) -> TenantAuthority | None:
+        fleet = source.peek()
+        return None if fleet is None else fleet.authority.of(tenant)
+
+    return lookup
+
+
 def config_key(prefix: str) -> str:
     """The Redis hash holding the configuration under ``prefix``."""
     return f"{prefix}:fleet:config"
@@ -81,6 +101,7 @@ def parse_document(data: Mapping[str, Any]) -> tuple[AdmissionConfig, GateConfig
     body = dict(data)
     gates_raw = body.pop("gates", None)
     memory_of(body.pop("memory", None), data)  # validated here, read by load()
+    authority_in(body.pop("authority", None), data)  # validated here, read by load()
     routes = parse_models(body.pop("models", None))
     admission = AdmissionConfig.from_mapping(body)
     unlisted = [t.name for t in admission.tenants if t.agents is None]
@@ -91,6 +112,25 @@ def parse_document(data: Mapping[str, Any]) -> tuple[AdmissionConfig, GateConfig
         )
     gates = None if gates_raw is None else GateConfig.from_mapping(gates_raw)
     return admission, with_route_gates(gates, routes)
+
+
+def authority_in(raw: Any, document: Mapping[str, Any]) -> AuthorityConfig:
+    """The ``authority`` section ``raw`` of ``document``, validated against its tenants."""
+    tenants = document.get("tenants")
+    listed = tenants if isinstance(tenants, list) else []  # a malformed list is refused elsewhere
+    names = [t.get("name") for t in listed if isinstance(t, Mapping)]
+    return authority_of(raw, [n for n in names if isinstance(n, str)])
+
+
+def check_granted_tools(data: Mapping[str, Any], admission: AdmissionConfig) -> None:
+    """Refuse a document whose grants name a tool none of the tenant's agents declares
+    (imports the agents the grants concern; done when a document is applied, not read)."""
+
+    def agents_of(tenant: str) -> list[str]:
+        cfg = admission.tenant(tenant)
+        return list(cfg.agents or ()) if cfg is not None else []
+
+    check_tools(authority_in(data.get("authority"), data), agents_of, load_agent)
 
 
 def parse_routes(data: Mapping[str, Any]) -> RouteTable:
@@ -136,7 +176,8 @@ def apply(client: redis.Redis, prefix: str, data: Mapping[str, Any]) -> int:
 
     Invalid input raises :class:`ConfigError` and writes nothing.
     """
-    parse_document(data)
+    admission, _ = parse_document(data)
+    check_granted_tools(data, admission)
     document = json.dumps(_plain(data), sort_keys=True)
     key = config_key(prefix)
     pipe = client.pipeline(transaction=True)
@@ -144,6 +185,43 @@ def apply(client: redis.Redis, prefix: str, data: Mapping[str, Any]) -> int:
     pipe.hset(key, "document", document)
     version, _ = pipe.execute()
     return int(version)
+
+
+def edit(client: redis.Redis, prefix: str, change: Callable[[dict[str, Any]], None]) -> int:
+    """Apply ``change`` to the stored document and store the result as the next version (a
+    document applied meanwhile is read again and changed again); return that version. A
+    result that does not validate raises :class:`ConfigError` and writes nothing."""
+    key = config_key(prefix)
+    while True:
+        with client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(key)  # type: ignore[no-untyped-call]
+                raw = pipe.hget(key, "document")
+                if raw is None:
+                    require(client, prefix)  # raises, saying what to run
+                data = json.loads(cast(bytes, raw), parse_float=Decimal)
+                change(data)
+                admission, _ = parse_document(data)
+                check_granted_tools(data, admission)
+                pipe.multi()
+                pipe.hincrby(key, "version", 1)
+                pipe.hset(key, "document", json.dumps(_plain(data), sort_keys=True))
+                version, _ = pipe.execute()
+                return int(version)
+            except redis.WatchError:
+                continue
+
+
+def tenant_settings(data: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """The ``authority.tenants.<tenant>`` table of a parsed document, made if absent."""
+    section = data.setdefault("authority", {})
+    tenants = section.setdefault("tenants", {}) if isinstance(section, dict) else None
+    if not isinstance(tenants, dict):
+        raise ConfigError("authority: must be a table", field="authority")
+    own = tenants.setdefault(tenant, {})
+    if not isinstance(own, dict):
+        raise ConfigError(f"authority.tenants.{tenant}: must be a table")
+    return own
 
 
 def load(client: redis.Redis, prefix: str) -> FleetConfig | None:
@@ -154,7 +232,14 @@ def load(client: redis.Redis, prefix: str) -> FleetConfig | None:
     data = json.loads(raw[1], parse_float=Decimal)
     admission, gates = parse_document(data)
     memory = memory_of(data.get("memory"), data)
-    return FleetConfig(int(raw[0]), admission, gates, memory=memory, routes=parse_routes(data))
+    return FleetConfig(
+        int(raw[0]),
+        admission,
+        gates,
+        memory=memory,
+        routes=parse_routes(data),
+        authority=authority_in(data.get("authority"), data),
+    )
 
 
 def stored_version(client: redis.Redis, prefix: str) -> int:

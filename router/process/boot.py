@@ -237,8 +237,11 @@ class RouterParts:
         applied = fleet_configuration(client, prefix, options)
         config, gate_config = applied.admission, applied.gates
         observer.on_config(config)
+        followed = None if options.tenants_file else fleet_config.ConfigSource(client, prefix)
         agents = AgentCache(
-            lambda ref: fleet_config.listed_anywhere(config, ref), fixed(applied.routes)
+            lambda ref: fleet_config.listed_anywhere(config, ref),
+            fixed(applied.routes),
+            None if followed is None else fleet_config.authority_lookup(followed),
         )
         custody = Custody(client, prefix)
         outbox = Outbox.wire(settings, custody, sender)

@@ -17,6 +17,7 @@ import redis
 from examples.support_store.backend import SupportStoreBackend
 from examples.support_store.state import RedisState
 from kernel.agent import AgentModule
+from kernel.authority import AuthorityLookup
 from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
 from kernel.tools import ToolBackend
@@ -101,6 +102,7 @@ class InProcessFleet:
         backend: Callable[[RedisState], ToolBackend] = SupportStoreBackend,
         memory: MemoryBank | None = None,
         tool_gates: ToolGates | None = None,
+        authority: AuthorityLookup | None = None,
     ) -> None:
         self.client, self.prefix = client, prefix
         env = {
@@ -126,6 +128,8 @@ class InProcessFleet:
             observer=observer,
         )
         Membership(client, prefix).register("w1")
+        # The tenants' grants and freezes (the fleet's document), for the router's steps too.
+        self.service.agents.authority = authority
         self.service.tick()
         self.store = self.service.store
         self.feed = self.service.feed
@@ -133,7 +137,11 @@ class InProcessFleet:
         self.state = RedisState(client, prefix, seed=False)
         self.backend = backend(self.state)
         tools = TurnTools(
-            AgentCache(), {}, ModelOverrides(scripted_latency_s=0.0), self._backend, memory
+            AgentCache(authority=authority),
+            {},
+            ModelOverrides(scripted_latency_s=0.0),
+            self._backend,
+            memory,
         )
         self.draining = False
         self.custody = Custody(client, prefix)

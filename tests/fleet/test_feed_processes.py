@@ -5,8 +5,11 @@ Real Redis, Celery workers w1 and w2 on the support store's shared backend, rout
 router`` processes on the shared admitter. Follow-on turns are off, so every turn that ends READY
 goes back through a router by its notice: a lost READY notice would leave its trajectory READY with
 no queue entry for ever, and the test would time out. The faults are the router's test-only hook
-(:mod:`tests.fleet.router_faults`). Each run ends with every trajectory terminal and at most one
-refund and one email per order, and prints the time to recovery (a figure, not asserted).
+(:mod:`tests.fleet.router_faults`). The second run also SIGKILLs worker w2 while it awaits the
+answers of writes that took effect (the backend cannot de-duplicate and answers writes slowly), so
+a recovered write sent again without a look-up would show. Each run ends with every trajectory
+terminal and no write attempt beyond one per key, and prints the time to recovery (a figure, not
+asserted).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from router.wire.notices import Notice, NoticeKind
 from router.wire.streams import FIELD, pending_counts, pending_entries
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
+from tests.fleet.faults import answering_key
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
     KERNEL_ALONE,
@@ -127,8 +131,18 @@ def test_a_requeue_that_fails_after_a_take_is_retried_from_the_pending_notices(
     feed = Feed(redis_client, key_prefix)
     store = RedisStore(redis_client, prefix=key_prefix)
     boot(local_fleet, "r1", f"{REQUEUE_RAISES}:1", routers=("r1",))
+    answering = answering_key(key_prefix, local_fleet.procs["w2"].pid)
     ids = submit(fleet_env, redis_client, key_prefix)
 
+    wait_for(
+        lambda: redis_client.hlen(answering) >= 2,
+        90,
+        "w2 to await the answers of 2 writes",
+        every_s=0.01,
+    )
+    awaited = redis_client.hlen(answering)
+    local_fleet.kill("w2")  # the effects happened; their answers will never arrive
+    redis_client.delete(answering)
     wait_for(lambda: "fault fired" in local_fleet.log("r1"), 90, "the injected requeue failure")
     wait_all_ended(store, ids, 120, local_fleet)
     log = local_fleet.log("r1")
@@ -138,7 +152,8 @@ def test_a_requeue_that_fails_after_a_take_is_retried_from_the_pending_notices(
     retaken = logged_at(log, "back from its pending entries")
     print(
         f"\nr1's requeue failed at {failed:%H:%M:%S.%f}; its next cycle took the notices back "
-        f"{(retaken - failed).total_seconds():.3f}s later"
+        f"{(retaken - failed).total_seconds():.3f}s later; w2 was killed awaiting {awaited} "
+        "writes' answers"
     )
     check_effects(redis_client, key_prefix)
     codes = stop_all(local_fleet)

@@ -2,11 +2,13 @@
 
 A redis-server of the test's own (``--appendonly yes --appendfsync always``, its own loopback
 port) holds the store and the broker of two routers and two Celery workers. It is SIGKILLed by
-PID while refunds run and started again on the same port and directory. Nobody restarts a fleet
-process: none exits, every trajectory ends, no record loses a version it had committed, the
-effects are at most one refund and one email per order, and a cancel sent after the restart
-still reaches a running model call (the workers' cancel listeners subscribed again). Turns whose
-commits failed while Redis was down are counted: they left custody and were recovered.
+PID while refunds run, at a moment when writes that took effect await their answers (the backend
+cannot de-duplicate), and started again on the same port and directory. Nobody restarts a fleet
+process: none exits, every trajectory ends, no record loses a version it had committed, no write
+attempt goes beyond one per key, and a cancel sent after the restart still reaches a running
+model call (the workers' cancel listeners subscribed again). Turns whose commits failed while
+Redis was down are counted: they left custody and were recovered (the awaited writes among them
+are looked up, never sent again).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from router.process.submit import RouterApi
 from router.wire.feed import Feed
 from store.redis_store import RedisStore
 from tests.fleet.conftest import WEIGHTS
+from tests.fleet.faults import answering_key
 from tests.fleet.harness import refund_job, seed_orders, submit_refunds
 from tests.fleet.processes import (
     KERNEL_ALONE,
@@ -75,7 +78,7 @@ def cancel_a_model_call(
         found[:] = [name for name, line in outcomes.items() if line in logs]
         return bool(found)
 
-    wait_for(told, 10, "a worker to cancel the running call or refuse the overtaken turn")
+    wait_for(told, 30, "a worker to cancel the running call or refuse the overtaken turn")
     return tid, found[0]
 
 
@@ -104,6 +107,13 @@ def test_a_redis_restart_under_load_ends_no_process_and_loses_nothing(
         ids = submit_refunds(api, orders, list(WEIGHTS))
         feed = Feed(client, prefix)
         wait_for(lambda: len(feed.admissions()) >= 80, 60, "80 admissions before the restart")
+        answering = [answering_key(prefix, fleet.procs[w].pid) for w in WORKERS]
+        wait_for(
+            lambda: sum(client.hlen(key) for key in answering) >= 2,
+            60,
+            "2 writes that took effect to await their answers",
+            every_s=0.01,
+        )
         versions = {tid: store.load(t, tid).record_version for t, tid in ids}
         logged = {n: len(fleet.log(n)) for n in fleet.procs}
         server.kill()  # turns are committing right now
@@ -122,7 +132,7 @@ def test_a_redis_restart_under_load_ends_no_process_and_loses_nothing(
         print(f"\nRedis was down {time.monotonic() - down_at:.2f}s (SIGKILL, AOF reload)")
 
         began = time.monotonic()
-        wait_all_ended(store, ids, 120, fleet)  # raises if any fleet process exited
+        wait_all_ended(store, ids, 240, fleet)  # raises if any fleet process exited
         print(f"every trajectory ended {time.monotonic() - began:.1f}s after the restart")
         records = {tid: store.load(t, tid) for t, tid in ids}
         assert all(r.state in TERMINAL for r in records.values())

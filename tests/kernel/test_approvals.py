@@ -11,7 +11,7 @@ from kernel.agent import Escalation, WaitKind, WaitPolicy
 from kernel.budget import Budget
 from kernel.errors import UnknownReference
 from kernel.events import Admit, DispatchTool, HoldForApproval, ToolProgress
-from kernel.record import ApprovalStatus, ControlKind
+from kernel.record import ApprovalStatus, ControlKind, EscalationStage
 from kernel.states import LifecycleState, StopReason
 from tests.kernel.driver import BIG_REFUND, PLAN, READ, Driver
 
@@ -265,8 +265,13 @@ def test_escalation_steers_then_restricts_then_finalizes_from_admission_terms() 
 def test_restricted_trajectory_cannot_dispatch_a_write() -> None:
     d = escalating("0.0200")
     d.rec.grants.read_only = True
+    d.rec.escalation = EscalationStage.RESTRICT
     d.reply(
         d.admit(), {"type": "tool", "name": "send_status_email", "args": {"order_id": "ord_1001"}}
     )
     assert not d.commands(DispatchTool)
-    assert d.rec.stop_reason is StopReason.FAILED  # a policy denial is fatal
+    # The budget's restriction never lifts: the write is refused to the model, not held.
+    assert d.rec.state is S.READY and d.rec.held is None
+    assert d.rec.last_observation is not None
+    assert d.rec.last_observation["code"] == "policy_denied"
+    assert d.rec.last_observation["reason"] == "restricted"

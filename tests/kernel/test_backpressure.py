@@ -108,11 +108,11 @@ def test_a_deferral_naming_no_call_of_the_run_changes_nothing() -> None:
     assert d.rec.to_json() == before
 
 
-def test_a_version_5_record_reads_with_no_call_waiting() -> None:
+def test_a_version_6_record_reads_with_no_call_waiting() -> None:
     d = Driver()
     d.to_reading()
     raw = json.loads(d.rec.to_json())
-    raw["schema_version"] = 5
+    raw["schema_version"] = 6
     for op in raw["operations"].values():
         del op["waiting"]
     back = TrajectoryRecord.from_json(json.dumps(raw))

@@ -13,6 +13,7 @@ from kernel.errors import InvalidBudget, UnsupportedSchema
 from kernel.record import (
     SCHEMA_VERSION,
     HeldProposal,
+    HoldReason,
     Operation,
     OpKind,
     PlanStep,
@@ -78,7 +79,7 @@ def test_json_round_trip_is_exact() -> None:
     assert back == rec
     assert back.to_json() == data
     assert isinstance(back.ledger.dollars.actual, Decimal)
-    assert json.loads(data)["schema_version"] == SCHEMA_VERSION == 6
+    assert json.loads(data)["schema_version"] == SCHEMA_VERSION == 7
 
 
 def test_unknown_schema_version_is_refused() -> None:
@@ -154,3 +155,16 @@ def test_a_version_4_record_reads_with_no_recoveries() -> None:
     del raw["recoveries"]
     back = TrajectoryRecord.from_json(json.dumps(raw))
     assert back.schema_version == SCHEMA_VERSION and back.recoveries == 0
+
+
+def test_a_version_5_record_reads_unfrozen_and_its_hold_for_a_reviewer() -> None:
+    raw = json.loads(busy_record().to_json())
+    raw["schema_version"] = 5
+    del raw["grants"]["frozen"]
+    raw["held"] = {
+        "approval_id": "t1/ap1", "held_version": 3, "plan_revision": 1, "expires_at": 9.0,
+        "digest": "d", "tool": "issue_refund", "args": {}, "call_key": "k",
+    }  # fmt: skip
+    back = TrajectoryRecord.from_json(json.dumps(raw))
+    assert back.schema_version == SCHEMA_VERSION and not back.grants.frozen
+    assert back.held is not None and back.held.reason is HoldReason.APPROVAL
