@@ -86,6 +86,14 @@ class HeldApproval(BaseModel):
     )
 
 
+class Waiting(BaseModel):
+    """A tool call registered but not sent yet: the capacity it waits for (backpressure)."""
+
+    call_id: str
+    tool: str
+    on: str = Field(description="the gate it waits for, e.g. tool/issue_refund")
+
+
 class Trajectory(BaseModel):
     """One trajectory as its tenant sees it."""
 
@@ -103,6 +111,9 @@ class Trajectory(BaseModel):
     budget: dict[str, Spend]
     held_approval: HeldApproval | None
     pending_control: str | None
+    waiting: list[Waiting] = Field(
+        default_factory=list, description="tool calls not sent yet for want of capacity"
+    )
 
 
 class Submitted(BaseModel):
@@ -235,4 +246,9 @@ def trajectory_of(rec: TrajectoryRecord, catalog: Catalog | None = None) -> Traj
         budget=budget,
         held_approval=held_of(rec, catalog),
         pending_control=rec.pending_control.kind.value if rec.pending_control else None,
+        waiting=[
+            Waiting(call_id=op.call_id, tool=op.tool or "", on=op.waiting)
+            for op in rec.operations.values()
+            if op.waiting is not None and op.open
+        ],
     )

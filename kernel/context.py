@@ -61,8 +61,9 @@ class KernelContext:
 
     agent: AgentProfile
     estimator: Estimator = estimate_tokens
-    # A local capacity gate for tools (sandbox slots, memory): (record, spec, args) -> fits.
-    # An approved action that does not fit stays held; a host's tool capacity plugs in here.
+    # A capacity check at approval: (record, spec, args) -> fits. An approved action that does
+    # not fit stays approved and held, re-checked at each tick. The fleet leaves it unset: a
+    # tool's capacity is its gate, asked where the call runs (docs/adr/0203-backpressure.md).
     capacity: Callable[[TrajectoryRecord, ToolSpec, dict[str, Any]], bool] | None = None
     # The operators' settings of a tenant (the fleet's document): grants, freeze, escalation.
     authority: AuthorityLookup | None = None

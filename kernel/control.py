@@ -17,10 +17,10 @@ from kernel.amounts import ZERO, Dimension, tool_call_liability
 from kernel.authority import barrier
 from kernel.chain import RowKind
 from kernel.context import Draft
-from kernel.dispatch import dispatch, refusal
-from kernel.errors import AdmissionRefused, IllegalTransition, UnknownReference
+from kernel.dispatch import dispatch, proposal_digest, refusal
+from kernel.errors import IllegalTransition, UnknownReference
 from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue, ToolProgress
-from kernel.lifecycle import Cause, clock_refusal
+from kernel.lifecycle import Cause, clock_refusal, clock_stop
 from kernel.record import (
     ApprovalStatus,
     ControlKind,
@@ -54,7 +54,7 @@ def _withdraw(draft: Draft) -> None:
     if any_open:
         rec.control_epoch += 1
     held = rec.held
-    if held is not None and held.status is ApprovalStatus.HELD:
+    if held is not None and (held.status is ApprovalStatus.HELD or approved_not_admitted(rec)):
         held.status = ApprovalStatus.WITHDRAWN
         held.decided_at = draft.now
 
@@ -235,6 +235,8 @@ def on_approval(draft: Draft, ev: ApprovalDecided) -> None:
     wanted = ApprovalStatus.APPROVED if ev.approve else ApprovalStatus.DENIED
     if held.status is wanted:
         draft.note = f"duplicate decision on {ev.approval_id}"
+        if approved_not_admitted(rec) is not None:  # not recorded again; a re-check, as a tick
+            _recheck(draft, held)
         return
     if held.status is not ApprovalStatus.HELD or rec.state is not S.AWAITING_APPROVAL:
         raise UnknownReference(
@@ -313,42 +315,90 @@ def _admission_terms(
 
 
 def _approve(draft: Draft, held: HeldProposal, ev: ApprovalDecided) -> None:
-    """Dispatch the held call if admission's terms are met now; otherwise record the approval
-    and keep the request held."""
+    """Record the approval and dispatch the held call if admission's terms are met now;
+    otherwise it stays approved and held, re-checked at every tick (:func:`_recheck`)."""
+    held.status = ApprovalStatus.APPROVED
+    held.decided_at = ev.now
+    _admit_approved(draft, held, ev.now, _decision_detail(held, ev))
+
+
+def approved_not_admitted(rec: TrajectoryRecord) -> HeldProposal | None:
+    """The approved request ``rec`` still holds undispatched (seed 004 table 8), or None."""
+    held = rec.held
+    waiting = rec.state is S.AWAITING_APPROVAL and held is not None
+    return held if waiting and held is not None and held.status is ApprovalStatus.APPROVED else None
+
+
+def _admit_approved(
+    draft: Draft, held: HeldProposal, now: float, decided: dict[str, Any] | None
+) -> None:
+    """Dispatch an approved request whose digest, recomputed from the held arguments, is the
+    one approved and whose admission terms hold now; a mismatch refuses the dispatch and
+    closes the request. Terms not met: it stays approved. ``decided``: the decision's detail
+    when it has just arrived (None for a later re-check, which writes a row only if it acts)."""
     rec = draft.rec
     spec = draft.ctx.agent.catalog.get(held.tool)
     if spec is None:  # pragma: no cover - the catalog is fixed for a run
         raise UnknownReference(f"tool {held.tool} is not in the catalog")
-    terms = _admission_terms(draft, spec, held, ev.now)
+    recomputed = proposal_digest(held.tool, held.args, held.call_key, held.plan_revision)
+    if recomputed != held.digest:
+        _stale(draft, held, recomputed)
+        return
+    terms = _admission_terms(draft, spec, held, now)
     if not all(terms.values()) or rec.pending_control is not None:
-        # Table 8: the decision is good, admission is not: record it, keep the request held,
-        # and admit it when a later delivery of the decision finds the terms met.
-        draft.row(
-            RowKind.APPROVAL,
-            tool=held.tool,
-            outcome="approved_not_admitted",
-            detail={"approval_id": held.approval_id, "reviewer": ev.reviewer, **terms},
-        )
+        # Table 8: the decision is good, admission is not: keep the request held, approved.
+        if decided is not None:
+            draft.row(
+                RowKind.APPROVAL,
+                tool=held.tool,
+                outcome="approved_not_admitted",
+                detail={**decided, **terms},
+            )
         draft.note = "approved, but dispatch is not admitted now: the request stays held"
         return
-    held.status = ApprovalStatus.APPROVED
-    held.decided_at = ev.now
     draft.row(
         RowKind.APPROVAL,
         tool=held.tool,
-        outcome="approved",
-        detail=_decision_detail(held, ev),
+        outcome="approved" if decided is not None else "admitted",
+        detail=decided if decided is not None else {"approval_id": held.approval_id},
     )
-    try:
-        dispatch(
-            draft,
-            [(spec, held.args, held.plan_step)],
-            Cause.APPROVED,
-            approval_digest=held.digest,
-            keys=[held.call_key],
-        )
-    except AdmissionRefused:  # pragma: no cover - fits() checked the same terms
-        held.status = ApprovalStatus.HELD
+    dispatch(
+        draft,
+        [(spec, held.args, held.plan_step)],
+        Cause.APPROVED,
+        approval_digest=held.digest,
+        keys=[held.call_key],
+    )
+
+
+def _stale(draft: Draft, held: HeldProposal, recomputed: str) -> None:
+    """The held arguments no longer hash to the approved digest: refused, never sent."""
+    held.status = ApprovalStatus.WITHDRAWN
+    held.decided_at = draft.now
+    draft.row(
+        RowKind.APPROVAL,
+        tool=held.tool,
+        outcome="digest_mismatch",
+        error="APPROVAL_STALE",
+        detail={"approval_id": held.approval_id, "approved": held.digest, "held": recomputed},
+    )
+    draft.recoverable("approval_stale", refusal(held.approval_id, "APPROVAL_STALE"))
+    draft.end_turn(Cause.WITHDRAWN)
+
+
+def _recheck(draft: Draft, held: HeldProposal) -> None:
+    """A tick's re-check of an approved, undispatched request: expired past its time to live,
+    withdrawn with the run's stop once a clock ran out, dispatched once its terms hold."""
+    if draft.now >= held.expires_at:
+        _expire(draft)
+        return
+    ran_out = clock_stop(draft.rec, draft.now)
+    if ran_out is not None:
+        held.status = ApprovalStatus.WITHDRAWN
+        held.decided_at = draft.now
+        draft.stop(ran_out, f"approved {held.tool} not sent: the {ran_out.value} ran out")
+        return
+    _admit_approved(draft, held, draft.now, None)
 
 
 def _expire(draft: Draft) -> None:
@@ -428,6 +478,10 @@ def on_tick(draft: Draft) -> None:
         and draft.now >= held.expires_at
     ):
         _expire(draft)
+        return
+    approved = approved_not_admitted(rec)
+    if approved is not None:
+        _recheck(draft, approved)
         return
     if policy_holds.recheck(draft):  # a freeze or read-only grant lifted: the write goes
         return

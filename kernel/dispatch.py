@@ -51,6 +51,18 @@ def same_effect(rec: TrajectoryRecord, key: str) -> Operation | None:
     return None
 
 
+def proposal_digest(tool: str, args: dict[str, Any], target: str, plan_revision: int) -> str:
+    """The approval digest of a held proposal (seed 004 10.7.1): it covers the operation, its
+    arguments, its target and the plan revision, so changing any of them voids the approval."""
+    proposal = {
+        "operation": tool,
+        "arguments": args,
+        "target": target,
+        "plan_revision": plan_revision,
+    }
+    return digest(proposal, size=32)
+
+
 def refusal(approval_id: str, reason: str) -> dict[str, Any]:
     """The observation a withheld action returns to the model (seed 004 section 10.7.2)."""
     return {

@@ -94,6 +94,18 @@ class ControlRequested(_Event):
     instructions: str | None = None
 
 
+class ToolDeferred(_Event):
+    """A tool call was not sent: the capacity it needs (``gate``, a tool gate's route) had no
+    room in time. Nothing happened; the kernel decides whether the call waits on (it is sent
+    again under the same attempt) or is dropped. Backpressure, never a result for the model."""
+
+    type: Literal["tool_deferred"] = "tool_deferred"
+    call_id: str
+    attempt_id: str
+    gate: str
+    reason: str = ""
+
+
 class GrantsChanged(_Event):
     """An operator sets a trajectory's grants (tools, read-only, denied targets) or its
     freeze; a field left None is kept as it is."""
@@ -148,6 +160,7 @@ Event = (
     Admit
     | ModelReplied
     | ToolResulted
+    | ToolDeferred
     | ToolProgress
     | ApprovalDecided
     | ControlRequested

@@ -14,12 +14,12 @@ from kernel.amounts import NOTHING, Amounts, model_call_charge
 from kernel.authority import barrier
 from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
-from kernel.dispatch import Call, call_key, dispatch, refusal, same_effect
+from kernel.dispatch import Call, call_key, dispatch, proposal_digest, refusal, same_effect
 from kernel.errors import IllegalTransition, UnknownReference
 from kernel.events import HoldForApproval, ModelReplied, ReplyStatus
 from kernel.lifecycle import Cause, clock_stop
 from kernel.plan import adopt, open_steps, validate_plan
-from kernel.progress import digest, fingerprint
+from kernel.progress import fingerprint
 from kernel.record import (
     HeldProposal,
     Operation,
@@ -373,19 +373,13 @@ def _hold(draft: Draft, spec: ToolSpec, args: dict[str, Any], plan_step: str | N
     rec.approval_requests += 1
     approval_id = f"{rec.trajectory_id}/ap{rec.approval_requests}"
     key = call_key(draft, spec, args, plan_step, 0)
-    proposal = {
-        "operation": spec.name,
-        "arguments": args,
-        "target": key,
-        "plan_revision": rec.plan_revision,
-    }
     held = HeldProposal(
         approval_id=approval_id,
         held_version=rec.record_version + 1,  # the version the held proposal commits at
         plan_revision=rec.plan_revision,
         expires_at=draft.now + draft.ctx.agent.approval_ttl_s,
         held_at=draft.now,
-        digest=digest(proposal, size=32),
+        digest=proposal_digest(spec.name, args, key, rec.plan_revision),
         tool=spec.name,
         args=args,
         plan_step=plan_step,

@@ -26,12 +26,13 @@ from kernel.modeljson import json_native, model_json
 from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 6  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
+SCHEMA_VERSION = 7  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
 # 5: the recoveries count and the highest fence; 6: the grants' freeze, a hold's reason, the
-# closing step and its report
-#: Older records read as a 6 without what they lack (no overrun, no scratchpad, the tenant's
-#: first class, no recoveries, not frozen, holds for a reviewer, no closing step).
-READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, SCHEMA_VERSION})
+# closing step and its report; 7: what a tool call waits for
+#: Older records read as a 7 without what they lack (no overrun, no scratchpad, the tenant's
+#: first class, no recoveries, not frozen, holds for a reviewer, no closing step, no tool call
+#: waiting).
+READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
 
@@ -116,6 +117,7 @@ class Operation(Mutable):
     plan_step: str | None = None
     evidence: dict[str, Any] | None = None
     turn: int = 0  # the turn that registered it (its wait's batch)
+    waiting: str | None = None  # not sent yet: the capacity (a gate) it waits for
 
     @property
     def open(self) -> bool:

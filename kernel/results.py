@@ -57,6 +57,7 @@ def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
         return
     spec = draft.ctx.agent.catalog.get(op.tool or "")
     result = ev.result
+    op.waiting = None  # it was sent: whatever capacity it waited for, it had
     if refused_by_fence(result):
         _on_fenced(draft, op, spec, ev)
         return

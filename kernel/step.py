@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel import control, fold, owed, policy_holds, recovery, results
+from kernel import backpressure, control, fold, owed, policy_holds, recovery, results
 from kernel.admission import admit
 from kernel.context import Draft, KernelContext, StepResult
 from kernel.errors import IllegalTransition
@@ -30,6 +30,7 @@ from kernel.events import (
     Reconcile,
     Recover,
     Tick,
+    ToolDeferred,
     ToolProgress,
     ToolResulted,
 )
@@ -50,7 +51,9 @@ def finalize(draft: Draft, ev: Finalize) -> None:
             "finalize",
             "finalize a trajectory only between turns",
         )
-    if rec.held is not None and rec.held.status is ApprovalStatus.HELD:
+    if rec.held is not None and (
+        rec.held.status is ApprovalStatus.HELD or control.approved_not_admitted(rec)
+    ):
         rec.held.status = ApprovalStatus.WITHDRAWN
         rec.held.decided_at = draft.now
     rec.pending_control = None
@@ -64,6 +67,7 @@ HANDLERS: dict[type[Event], Handler] = {
     Admit: lambda draft, ev: admit(draft),
     ModelReplied: fold.on_model_reply,
     ToolResulted: results.on_tool_result,
+    ToolDeferred: backpressure.on_tool_deferred,
     ApprovalDecided: control.on_approval,
     ControlRequested: control.on_control,
     GrantsChanged: policy_holds.on_grants,

@@ -151,7 +151,8 @@ def _overrun(detail: dict[str, Any] | None) -> dict[str, Any]:
 def postmortem(rows: list[ChainRow]) -> dict[str, Any]:
     """First error, most repeated call, model time against tool time, input size by step."""
     rows = sorted(rows, key=lambda r: r.index)
-    tools = [r for r in rows if r.kind is RowKind.TOOL]
+    # A job's log line and a wait for capacity are rows of a call, not calls (nor errors).
+    tools = [r for r in rows if r.kind is RowKind.TOOL and r.outcome not in ("progress", "waiting")]
     models = [r for r in rows if r.kind is RowKind.MODEL]
     first_error = next((r for r in tools if r.outcome != "ok"), None)
     calls = Counter((r.tool, json.dumps(r.args, sort_keys=True)) for r in tools)

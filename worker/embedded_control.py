@@ -67,7 +67,10 @@ def held_request(rec: TrajectoryRecord, approval_id: str | None = None) -> HeldP
             f"({held.status.value})",
             field="approval_id",
         )
-    if held.status is not ApprovalStatus.HELD or rec.state is not LifecycleState.AWAITING_APPROVAL:
+    # An approved request admission refused stays held: approving it again re-checks it (the
+    # embedded store has no ticker to do so).
+    open_ = held.status in (ApprovalStatus.HELD, ApprovalStatus.APPROVED)
+    if not open_ or rec.state is not LifecycleState.AWAITING_APPROVAL:
         raise DecisionRefused(
             f"approval {held.approval_id} of {tid} is {held.status.value}, not held (the run is "
             f"{rec.state.value}): it was decided once and is not decided again",

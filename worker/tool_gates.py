@@ -36,8 +36,17 @@ class Debits(Protocol):
     def renew(self, route: str, lease_id: str) -> bool: ...
 
 
+#: The longest a dispatch queues at its gate before the worker reports the wait (the kernel
+#: then sends it again, so the wait is in the record and the re-check goes on).
+RECHECK_S = 5.0
+
+
 class NoCapacity(Exception):
-    """The tool's gate had no room before the call's deadline: the tool was not called."""
+    """The tool's gate had no room within the wait: the tool was not called."""
+
+    def __init__(self, gate: str, reason: str) -> None:
+        super().__init__(f"{gate}: no capacity ({reason})")
+        self.gate, self.reason = gate, reason
 
 
 def lease_ttl_s(source: ConfigSource, route: str) -> float:
@@ -72,9 +81,11 @@ class ToolGates:
         gated: Callable[[str], bool] = lambda route: True,
         clock: Callable[[], float] = time.monotonic,
         pause: Callable[[float], object] = time.sleep,
+        recheck_s: float = RECHECK_S,
     ) -> None:
         self.gates, self.leases, self.ttl_of, self.gated = gates, leases, ttl_of, gated
         self.clock, self.pause = clock, pause
+        self.recheck_s = recheck_s  # the longest one wait for a slot before it is reported
 
     @contextmanager
     def held(self, tool: str, lease: str, within_s: float) -> Iterator[None]:
@@ -108,6 +119,6 @@ class ToolGates:
             if reading.reason == "unknown_route":
                 return None
             if self.clock() + wait > deadline:
-                raise NoCapacity(f"{route}: no capacity ({reading.reason}) before the deadline")
+                raise NoCapacity(route, str(reading.reason))
             self.pause(wait)  # a slot frees when another call settles: ask again
             wait = min(wait * 2, WAIT_S[1])

@@ -11,7 +11,15 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
-from kernel.events import CallModel, Command, DispatchTool, Event, LookupEffect, ToolResulted
+from kernel.events import (
+    CallModel,
+    Command,
+    DispatchTool,
+    Event,
+    LookupEffect,
+    ToolDeferred,
+    ToolResulted,
+)
 from kernel.record import TrajectoryRecord
 from kernel.tools import OnUnknown, ToolKind
 from router.fleet.episodes import write_episode
@@ -96,9 +104,10 @@ class CommandCarrier:
         """The tool's fleet-wide capacity, held while a dispatch runs (a lookup needs none)."""
         if self.tool_gates is None or not isinstance(cmd, DispatchTool):
             return nullcontext()
-        # Queueing for a slot is bounded like any call (REINS_MAX_TURN_S): the routers' sweeps
-        # count on a turn's version moving at least that often.
-        within = self.max_call_s if self.max_call_s < float("inf") else cmd.timeout_s
+        # Queueing for a slot is bounded (by REINS_MAX_TURN_S too: the routers' sweeps count on
+        # a turn's version moving at least that often); past it the wait is reported and
+        # committed, and the kernel sends the call again (kernel.backpressure).
+        within = min(self.max_call_s, cmd.timeout_s, self.tool_gates.recheck_s)
         return self.tool_gates.held(cmd.tool, cmd.attempt_id, within)
 
     def _looks_up(self, rec: TrajectoryRecord, cmd: DispatchTool) -> bool:
@@ -113,9 +122,12 @@ class CommandCarrier:
         if self.tools.memory is not None:
             write_episode(self.tools.memory, rec, self.tools.profile(rec.agent), self.clock())
 
-    def call_tool(self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect) -> ToolResulted:
+    def call_tool(
+        self, rec: TrajectoryRecord, cmd: DispatchTool | LookupEffect
+    ) -> ToolResulted | ToolDeferred:
         """One tool call (or effect lookup) through the agent's backend; a backend that raises
-        gives an ``unknown`` outcome for a write, an ``error`` for a read."""
+        gives an ``unknown`` outcome for a write, an ``error`` for a read. A dispatch its gate
+        had no room for is not sent: its deferral is the event (backpressure, not a result)."""
         backend = self.tools.backend(rec.agent)
         if self.tools.memory is not None:
             backend = MemoryBackend(
@@ -136,8 +148,14 @@ class CommandCarrier:
             with self._capacity(cmd):
                 result, secs = dispatch(backend, rec.user, cmd, look_first=first)
         except NoCapacity as exc:  # the backend was never called: nothing happened
-            log.info("%s: tool %s not called: %s", rec.trajectory_id, cmd.tool, exc)
-            result, secs = {"status": "error", "code": "no_capacity"}, 0.0
+            log.info("%s: tool %s waits: %s", rec.trajectory_id, cmd.tool, exc)
+            return ToolDeferred(
+                now=self.clock(),
+                call_id=cmd.call_id,
+                attempt_id=cmd.attempt_id,
+                gate=exc.gate,
+                reason=exc.reason,
+            )
         except Exception as exc:  # the backend failed mid-call: for a write, outcome unknown
             log.warning("%s: tool %s raised %r", rec.trajectory_id, cmd.tool, exc)
             result, secs = {"status": "unknown", "code": "backend_error"}, 0.0

@@ -127,13 +127,26 @@ def show_cmd(trajectory_id: str = typer.Argument(...), as_json: bool = JSON) -> 
     if as_json:
         _print_json(shown)
         return
+    print_shown(shown)
+
+
+def print_shown(shown: dict[str, Any]) -> None:
+    """``reins show``'s table and notes for one trajectory as the API shows it."""
+    trajectory_id = shown["trajectory_id"]
     console.print(_trajectory_table([shown], trajectory_id))
     held = shown["held_approval"]
-    if held:
+    if held and held["status"] == "approved" and shown["state"] == "AWAITING_APPROVAL":
+        console.print(
+            f"approved, not admitted yet: {held['tool']} {json.dumps(held['arguments'])} "
+            "(re-checked until it runs or its approval expires)"
+        )
+    elif held:
         why = held.get("reason", "approval")
         waits = "for a reviewer" if why == "approval" else f"until the operator lifts: {why}"
         console.print(f"held {waits}: {held['tool']} {json.dumps(held['arguments'])}")
         console.print(f"next: reins approve {trajectory_id}  (or reins deny {trajectory_id})")
+    for wait in shown.get("waiting", ()):
+        console.print(f"waiting: {wait['tool']} ({wait['call_id']}) for capacity on {wait['on']}")
     if shown["closing_message"]:
         console.print(shown["closing_message"])
 

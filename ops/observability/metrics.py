@@ -308,7 +308,7 @@ class Metrics(FleetHealth, RouterObserver, TurnObserver):
                 self.model_calls.labels(provider or NO_PROVIDER, status).inc()
                 if (row.detail or {}).get("purpose") == "compaction":
                     self.compactions.labels(tenant).inc()
-            elif row.kind is RowKind.TOOL and row.outcome != "progress":
+            elif row.kind is RowKind.TOOL and row.outcome not in ("progress", "waiting"):
                 outcome = row.outcome if row.outcome in TOOL_OUTCOMES else OTHER
                 self.tool_calls.labels(row.tool or OTHER, outcome).inc()
             elif row.kind is RowKind.STOP:

@@ -34,6 +34,7 @@ from tests.conftest import REDIS_URL
 from worker.fleet_agents import ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
+from worker.tool_gates import ToolGates
 from worker.turn import TurnObserver, TurnReport, TurnRunner
 
 AGENT = "examples.support_store:agent_lookup"
@@ -100,6 +101,7 @@ class InProcessFleet:
         leases: LeaseKeeper | None = None,
         backend: Callable[[RedisState], ToolBackend] = SupportStoreBackend,
         memory: MemoryBank | None = None,
+        tool_gates: ToolGates | None = None,
         authority: AuthorityLookup | None = None,
     ) -> None:
         self.client, self.prefix = client, prefix
@@ -166,6 +168,7 @@ class InProcessFleet:
             custody=self.custody if self.follow_on is not None else None,
             follow_on=self.follow_on,
             leases=leases,
+            tool_gates=tool_gates,
         )
         self.reports: list[TurnReport] = []
 

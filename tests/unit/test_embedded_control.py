@@ -70,3 +70,20 @@ def test_a_decision_on_a_run_that_never_held_one_says_so(store: TrajectoryStore)
     store.create(rec)
     with pytest.raises(embedded_control.DecisionRefused, match="never held an approval"):
         embedded_control.decide(runner(store, rec), rec, approve=True, reviewer="reviewer")
+
+
+def test_approving_an_approved_request_admission_refused_re_checks_it(
+    store: TrajectoryStore, held: TrajectoryRecord
+) -> None:
+    """No ticker serves the embedded store: a repeated approval is the re-check (table 8)."""
+    spent = held.ledger.tool_calls.actual
+    held.ledger.tool_calls.actual = held.ledger.tool_calls.allowance  # no room for the refund
+    first = embedded_control.decide(runner(store, held), held, approve=True, reviewer="reviewer")
+    rec = first.record
+    assert rec.state is LifecycleState.AWAITING_APPROVAL and rec.held is not None
+    assert rec.held.status.value == "approved", "approved, not admitted: still held"
+    rec.ledger.tool_calls.actual = spent  # the room is back
+    again = embedded_control.decide(runner(store, rec), rec, approve=True, reviewer="reviewer")
+    assert again.record.stop_reason is StopReason.DONE
+    rows = [r.outcome for r in first.rows + again.rows if r.kind.value == "approval"]
+    assert rows == ["approved_not_admitted", "admitted"], "one decision recorded"
