@@ -137,7 +137,6 @@ def _build(commit: str, venv: Path) -> None:
             run([*pip, "--disable-pip-version-check", str(src)], cwd=tmp)
         finally:
             run(["git", "worktree", "remove", "--force", str(src)], cwd=ROOT)
-            run(["git", "worktree", "prune"], cwd=ROOT)
 
 
 def run(

@@ -19,6 +19,7 @@ is far past the test's end: nothing is rescued by a redelivery.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -62,15 +63,16 @@ ENV = {
     "REINS_MAX_TURN_S": "3",
     "REINS_STALL_TIMEOUT_S": "30",
 }
-ORDERS = 600  # more than the client can submit in the test
+FIRST_ORDER = 9000
 
 
 class Client:
     """Submits refunds through the API at ``url`` (which the test moves when it replaces the
-    API) until stopped; a submission the API did not answer is sent again, same key."""
+    API) until stopped, each on an order of its own seeded just before; a submission the API
+    did not answer is sent again under the same ``Idempotency-Key``."""
 
     def __init__(self, client: redis.Redis, prefix: str, keys: dict[str, str]) -> None:
-        self.orders = seed_orders(client, prefix, 9000, ORDERS, total=ROOMY_TOTAL)
+        self.client, self.prefix = client, prefix
         self.keys, self.url = keys, ""
         self.ids: list[tuple[str, str]] = []
         self.retried = 0
@@ -86,10 +88,11 @@ class Client:
         tenants = list(WEIGHTS)
         try:
             with httpx.Client(timeout=10.0) as http:
-                for i, oid in enumerate(self.orders):
+                for i in itertools.count():
                     if self._stop.wait(0.15):
                         return
                     tenant = tenants[i % len(tenants)]
+                    (oid,) = seed_orders(self.client, self.prefix, FIRST_ORDER + i, 1, ROOMY_TOTAL)
                     self.ids.append((tenant, self._submit(http, tenant, oid)))
         except BaseException as exc:  # the test thread reports it
             self.error = exc
@@ -148,13 +151,11 @@ def stored_schema(client: redis.Redis, store: RedisStore, tenant: str, tid: str)
 class Roll:
     """The fleet of both builds under one prefix, started and replaced by name."""
 
-    def __init__(self, fleet: LocalFleet, old: Build, new: Build) -> None:
-        self.fleet, self.old, self.new = fleet, old, new
-        self.build: dict[str, Build] = {}
+    def __init__(self, fleet: LocalFleet) -> None:
+        self.fleet = fleet
 
     def start(self, build: Build, role: str, name: str, *args: str) -> None:
         self.fleet.start(role, name, *args, env=build.env(), python=build.python, cwd=build.cwd)
-        self.build[name] = build
 
     def worker(self, build: Build, name: str) -> None:
         self.start(build, "worker", name, "--backend", BACKEND)
@@ -211,7 +212,7 @@ def test_a_rolling_upgrade_from_the_previous_release_loses_nothing_and_runs_noth
     }
     (tmp_path / "logs").mkdir()
     fleet = LocalFleet(env, tmp_path / "logs", redis_client)
-    roll = Roll(fleet, older, newer)
+    roll = Roll(fleet)
     custody = Custody(redis_client, key_prefix)
     client = Client(redis_client, key_prefix, keys)
     try:
