@@ -61,19 +61,22 @@ class LocalFleet:
         *args: str,
         env: Mapping[str, str] | None = None,
         module: str = "ops.cli.fleet",
+        python: str = sys.executable,
+        cwd: Path = ROOT,
     ) -> None:
         """Start ``reins <role> --name <name> <args>`` as a subprocess (again, once it ended:
         a restart under the same name, as a restarted pod); ``module`` is what ``python -m``
-        runs (a test's own launcher of the same commands)."""
+        runs (a test's own launcher of the same commands); ``python`` and ``cwd`` another
+        build's interpreter and a directory to start in (a rolling upgrade's older build)."""
         if name in self.procs and self.procs[name].poll() is None:
             raise ValueError(f"{name} is already running")
         self._ended.discard(name)
         log = self._logs.get(name) or open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115
         self._logs[name] = log
-        cmd = [sys.executable, "-m", module, role, "--name", name, *args]
+        cmd = [python, "-m", module, role, "--name", name, *args]
         self.procs[name] = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=cwd,
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
