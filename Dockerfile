@@ -15,19 +15,21 @@ RUN apt-get update \
         python3 python3-venv ca-certificates \
     && apt-get clean && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# A CA bundle for pip, where the build's traffic to PyPI goes through a TLS-inspecting proxy
-# (make image mounts this machine's for the build steps alone); empty: pip's own.
-ARG PIP_CA_BUNDLE=
+# pip's two steps take an optional build secret, pip-ca: a CA bundle, where the build's traffic
+# to PyPI goes through a TLS-inspecting proxy (make image passes this machine's; `docker build
+# --secret id=pip-ca,src=FILE`). Without it, pip's own; it is never part of a layer.
 # The dependencies first, from pyproject.toml alone: a layer rebuilt only when they change.
 COPY pyproject.toml ./
-RUN if [ -n "$PIP_CA_BUNDLE" ]; then export PIP_CERT="$PIP_CA_BUNDLE"; fi \
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && python3 -m venv /opt/reins \
     && python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/requirements.txt \
     && /opt/reins/bin/pip install --no-cache-dir --disable-pip-version-check -r /tmp/requirements.txt
 # Then the wheel built from the source (.dockerignore keeps the tests and local state out),
 # installed without touching the dependencies; pip and setuptools leave the runtime venv.
 COPY . .
-RUN if [ -n "$PIP_CA_BUNDLE" ]; then export PIP_CERT="$PIP_CA_BUNDLE"; fi \
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && /opt/reins/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps -w /dist . \
     && /opt/reins/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps /dist/reins-*.whl \
     && /opt/reins/bin/pip check \

@@ -12,15 +12,19 @@ cd "$ROOT"
 BASE="${BASE:-localhost/reins-base:bookworm}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org}"
 started=$(date +%s)
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+# Each tool's output goes to a log, shown when it fails.
+quietly() {
+  "$@" >"$work/log" 2>&1 || { tail -n 60 "$work/log" >&2; echo "failed: $1" >&2; exit 1; }
+}
 
 if [ "${REINS_IMAGE_NEW_BASE:-0}" = 1 ] || ! buildah inspect --type image "$BASE" >/dev/null 2>&1; then
   echo "bootstrapping $BASE (Debian bookworm, minbase) with mmdebstrap" >&2
-  work="$(mktemp -d)"
-  trap 'rm -rf "$work"' EXIT
   # As debian:bookworm-slim: no documentation, manuals or translations, in the base and in
   # every package the Dockerfile installs on it (dpkg's path-exclude stays in the image).
   # The merged-usr hook lays out /usr as bookworm does without the usrmerge package (and perl).
-  mmdebstrap --quiet --variant=minbase \
+  quietly mmdebstrap --variant=minbase \
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -37,16 +41,16 @@ if [ "${REINS_IMAGE_NEW_BASE:-0}" = 1 ] || ! buildah inspect --type image "$BASE
 fi
 
 # Where this machine reaches PyPI through a TLS-inspecting proxy, pip in the build steps needs
-# its CA bundle: mounted read-only for the build stage's steps, never copied into the image.
+# its CA bundle: the build secret pip-ca, mounted for the pip steps alone (never in a layer).
 ca_args=()
 ca="${PIP_CERT:-${SSL_CERT_FILE:-}}"
 if [ -n "$ca" ] && [ -f "$ca" ]; then
-  ca_args=(--volume "$ca:/run/reins-build-ca.crt:ro" --build-arg PIP_CA_BUNDLE=/run/reins-build-ca.crt)
+  ca_args=(--secret "id=pip-ca,src=$ca")
 fi
 
 # chroot isolation: each RUN step runs in a chroot of the layer, on the host's network (no OCI
 # runtime, which this machine's sandbox limits; see ops/scripts/ensure-image-tools.sh).
-buildah build --quiet --layers --isolation chroot --pull=never \
-  --build-arg "BASE=$BASE" "${ca_args[@]}" -f Dockerfile -t "$IMAGE" . >/dev/null
+quietly buildah build --layers --isolation chroot --pull=never \
+  --build-arg "BASE=$BASE" "${ca_args[@]}" -f Dockerfile -t "$IMAGE" .
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 echo "built $IMAGE: $((size / 1000000)) MB in $(($(date +%s) - started)) s"
