@@ -1,7 +1,7 @@
 """`make image` builds the Dockerfile, and what it built runs: ``reins --version``, the fleet's
-configuration applied as the chart's init container applies it, then a router and a worker
-from the image running trajectories to their end on the test's Redis (podman; tests/ops/image.py
-says how it runs here).
+configuration applied as the chart's init container applies it, then the API, a router and a
+worker from the image running trajectories submitted through the API to their end, on the
+test's Redis (podman; tests/ops/image.py says how it runs here).
 
 The build is ``make image`` in this checkout (CI: a clean clone), so the image holds the wheel
 of the code the other tests test; a test checks that file by file.
@@ -16,21 +16,25 @@ import tomllib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis
 
+from api.client import ReinsClient
+from api.keys import KeyRing, Scope
 from examples.support_store.state import RedisState
 from kernel.states import StopReason
 from router.wire.feed import Feed
 from store.redis_store import RedisStore
+from tests.api.processes import start_api
 from tests.conftest import REDIS_URL
 from tests.fleet.conftest import WEIGHTS
 from tests.fleet.documents import fleet_document
 from tests.fleet.harness import seed_orders, submit_refunds
 from tests.fleet.processes import (
     BACKEND,
-    caller_api,
     effects_by_order,
     order_of,
     sent_twice,
@@ -126,7 +130,7 @@ def image_fleet(
         fleet.close()
 
 
-def test_a_router_and_a_worker_from_the_image_run_trajectories_to_their_end(
+def test_the_api_a_router_and_a_worker_from_the_image_run_trajectories_to_their_end(
     image: str,
     image_fleet: ImageFleet,
     image_env: dict[str, str],
@@ -145,12 +149,21 @@ def test_a_router_and_a_worker_from_the_image_run_trajectories_to_their_end(
 
     image_fleet.start("worker", "w1", "--backend", BACKEND)
     image_fleet.start("router", "r1", "--admitter", "redis")
+    url = start_api(image_fleet)  # on a free loopback port, ready once /readyz answers
     image_fleet.wait_ready(["w1"], ["r1"], timeout_s=120)
-    api = caller_api(image_env, redis_client, "redis", None)
     orders = seed_orders(redis_client, key_prefix, 5000, 12)
-    ids = submit_refunds(api, orders, list(WEIGHTS))
-    store = RedisStore(redis_client, prefix=key_prefix)
-    wait_all_ended(store, ids, 120, image_fleet)
+    ring = KeyRing(redis_client, key_prefix)
+    scopes = {Scope.SUBMIT, Scope.READ}
+    clients = {t: ReinsClient(url, ring.create(t, "image-test", scopes)[0]) for t in WEIGHTS}
+    try:
+        ids = submit_refunds(ApiSubmits(clients), orders, list(WEIGHTS))
+        store = RedisStore(redis_client, prefix=key_prefix)
+        wait_all_ended(store, ids, 120, image_fleet)
+        shown = {clients[t].show(tid)["state"] for t, tid in ids}
+    finally:
+        for client in clients.values():
+            client.close()
+    assert shown == {"COMPLETED"}, "as the API shows them"
 
     records = [store.load(t, i) for t, i in ids]
     assert [r.stop_reason for r in records] == [StopReason.DONE] * len(ids)
@@ -161,5 +174,15 @@ def test_a_router_and_a_worker_from_the_image_run_trajectories_to_their_end(
     assert sent_twice(redis_client, key_prefix) == {}
     admitters = Counter(e["r"] for e in Feed(redis_client, key_prefix).admissions())
     assert admitters["r1"] >= 1 and set(admitters) <= {"r1", "w1"}, admitters
-    # SIGTERM reaches reins as PID 1 of its container: both drain and exit 0.
-    assert stop_all(image_fleet) == {"r1": 0, "w1": 0}
+    # SIGTERM reaches reins as PID 1 of its container: each drains and exits 0.
+    assert stop_all(image_fleet) == {"api": 0, "r1": 0, "w1": 0}
+
+
+class ApiSubmits:
+    """Submissions through the API, each with its tenant's key (what submit_refunds needs)."""
+
+    def __init__(self, clients: dict[str, ReinsClient]) -> None:
+        self.clients = clients
+
+    def submit(self, tenant: str, body: dict[str, Any]) -> Any:
+        return SimpleNamespace(trajectory_id=self.clients[tenant].submit(body)["trajectory_id"])
