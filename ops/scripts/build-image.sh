@@ -48,9 +48,16 @@ if [ -n "$ca" ] && [ -f "$ca" ]; then
   ca_args=(--secret "id=pip-ca,src=$ca")
 fi
 
+previous=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
+
 # chroot isolation: each RUN step runs in a chroot of the layer, on the host's network (no OCI
 # runtime, which this machine's sandbox limits; see ops/scripts/ensure-image-tools.sh).
 quietly buildah build --layers --isolation chroot --pull=never \
   --build-arg "BASE=$BASE" "${ca_args[@]}" -f Dockerfile -t "$IMAGE" .
+# The image this build replaced under the same name, if any (the layer cache stays).
+current=$(podman image inspect --format '{{.Id}}' "$IMAGE")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 echo "built $IMAGE: $((size / 1000000)) MB in $(($(date +%s) - started)) s"
