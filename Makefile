@@ -4,8 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# The image `make image` builds: the chart's default (helm/reins/values.yaml, image.repository)
+# at the package's version (the chart's appVersion; tests/ops/test_image_tag.py checks both).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_REPOSITORY ?= ghcr.io/reins/reins
+IMAGE ?= $(IMAGE_REPOSITORY):$(VERSION)
 
-.PHONY: all venv lint test test-fast demo bench redis rabbitmq tools clean
+.PHONY: all venv lint test test-fast demo bench redis rabbitmq tools image image-name clean
 
 all: lint test
 
@@ -26,11 +31,21 @@ rabbitmq: venv
 	@PYTHON=$(PY) bash ops/scripts/ensure-rabbitmq.sh
 
 # helm at .tools/helm, a prometheus binary and a headless chromium with its chromedriver, for
-# the chart, dashboard and console (browser) tests.
+# the chart, dashboard and console (browser) tests; mmdebstrap, buildah, podman and runc for
+# the image and its test.
 tools:
 	@bash ops/scripts/ensure-helm.sh
+	@bash ops/scripts/ensure-image-tools.sh
 	@bash ops/scripts/ensure-prometheus.sh
 	@bash ops/scripts/ensure-chromium.sh
+
+# The Dockerfile, built here with buildah on a Debian base bootstrapped locally (no registry).
+image:
+	@bash ops/scripts/ensure-image-tools.sh
+	@IMAGE=$(IMAGE) bash ops/scripts/build-image.sh
+
+image-name:
+	@echo $(IMAGE)
 
 lint: venv
 	$(VENV)/bin/ruff check .

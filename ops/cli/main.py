@@ -21,6 +21,24 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _print_version(wanted: bool) -> None:
+    """``reins --version``: the installed distribution's version (pyproject's, the image's tag)."""
+    if wanted:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"reins {version('reins')}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="print the version"
+    ),
+) -> None:
+    """The options of ``reins`` itself, before any command."""
+
+
 @app.command("bench")
 def bench_cmd(
     name: str = typer.Argument(..., help="benchmark: " + ", ".join(benchmarks.BENCHMARKS)),
