@@ -127,6 +127,7 @@ class CommandCarrier:
                 self.on_recall,
                 record=rec,
                 profile=self.tools.profile(rec.agent),
+                embedder=self.tools.embedder,
             )
         looked_up = isinstance(cmd, LookupEffect)
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:
