@@ -46,6 +46,8 @@ from store.memory_base import MemoryBank
 
 #: The code of a ``remember_fact`` the memory policy refused (nothing was stored).
 REFUSED = "memory_write_refused"
+#: ``ranked_by`` of a recall whose embedder failed: the text index's answer alone.
+FALLBACK = "text_fallback"
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +124,14 @@ class MemoryBackend:
         record: TrajectoryRecord | None = None,
         profile: AgentProfile | None = None,
         embedder: Embeds | None = None,
+        on_fallback: Callable[[str], None] | None = None,
     ) -> None:
         self.inner, self.bank, self.clock = inner, bank, clock
         self.tenant, self.agent = tenant, agent
         self.on_recall = on_recall  # told (tenant, hit) after each recall
         self.record, self.profile = record, profile
         self.embedder = embedder  # None: the text index alone
+        self.on_fallback = on_fallback  # told (tenant) when a recall fell back to the text index
 
     def bound(self, rec: TrajectoryRecord) -> MemoryBackend:
         """The same backend, carrying out the calls of the run ``rec``."""
@@ -141,6 +145,7 @@ class MemoryBackend:
             record=rec,
             profile=self.profile,
             embedder=self.embedder,
+            on_fallback=self.on_fallback,
         )
 
     def call(
@@ -162,6 +167,8 @@ class MemoryBackend:
         result, secs = call(self.bank, owners, tool, args, self.clock(), writing, self.embedder)
         if self.on_recall is not None and result.get("code") == "recalled":
             self.on_recall(self.tenant, bool(result["facts"]))
+        if self.on_fallback is not None and result.get("ranked_by") == FALLBACK:
+            self.on_fallback(self.tenant)
         return result, secs
 
     def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
@@ -203,7 +210,7 @@ def _recall_embedded(
         return [], "embeddings"  # nothing to rank: the embedder is not asked
     vector = _embedded(embedder, query_text(tags, wanted.query), f"a recall of {owners.tenant}")
     if vector is None:
-        return candidates[: wanted.limit], "text_fallback"
+        return candidates[: wanted.limit], FALLBACK
     return rerank(candidates, tags, vector, wanted.limit), "embeddings"
 
 

@@ -24,7 +24,7 @@ from tests.conftest import REDIS_URL
 from tests.providers.fake_provider import FakeProvider
 from tests.providers.fake_replies import Reply
 from tests.support.raw_memory import mentions
-from worker.memory_tools import call
+from worker.memory_tools import MemoryBackend, call
 from worker.providers.embeddings import Embedder
 
 ANA = Visibility("acme", "cu_ana", "support")
@@ -75,9 +75,13 @@ def remember(
 
 
 def ask(
-    bank: MemoryBank, emb: Embedder | None, tags: list[str], query: str | None = None
+    bank: MemoryBank,
+    emb: Embedder | None,
+    tags: list[str],
+    query: str | None = None,
+    limit: int = 5,
 ) -> dict[str, Any]:
-    args: dict[str, Any] = {"tags": tags, "limit": 5}
+    args: dict[str, Any] = {"tags": tags, "limit": limit}
     if query is not None:
         args["query"] = query
     result, _ = call(bank, ANA, "recall_facts", args, 10_000.0, None, emb)
@@ -107,9 +111,13 @@ def test_a_near_fact_ranks_first_with_embeddings_and_not_without(
     assert [f["key"] for f in with_emb["facts"]] == ["payout_speed", "refund_policy"]
     assert with_emb["ranked_by"] == "embeddings"
     assert [f["key"] for f in without["facts"]] == ["refund_policy", "payout_speed"]
+    # Asked for one, the text index's best candidates are re-ranked, not its best one alone.
+    assert [f["key"] for f in ask(bank, emb, ["refund"], QUERY, limit=1)["facts"]] == [
+        "payout_speed"
+    ]
     assert not set(QUERY.split()) & set(NEAR.split())
     sent = [s for s in fake.seen if s.path == "/v1/embeddings"]
-    assert len(sent) == 3 and sent[-1].request == {"model": "fake-embed", "input": [QUERY]}
+    assert len(sent) == 4 and sent[-1].request == {"model": "fake-embed", "input": [QUERY]}
     assert emb.failures == 0
 
 
@@ -181,3 +189,24 @@ def test_erasure_erases_the_vectors_too(
     erased = bank.erase_user("acme", "cu_ana")
     assert len(erased) == 2
     assert mentions(bank, needles) == []
+
+
+def test_a_worker_backend_reports_each_fallback(
+    bank: MemoryBank, server: tuple[FakeProvider, Switch]
+) -> None:
+    """What a worker counts (``reins_memory_embedding_fallbacks_total``): a recall whose
+    embedder failed, and no other."""
+    fake, switch = server
+    told: list[str] = []
+    emb = Embedder(fake.base_url, "fake-embed", timeout_s=5)
+    inner: Any = None  # memory tools never reach the inner backend
+    backend = MemoryBackend(
+        inner, bank, "acme", "support", lambda: 100.0, embedder=emb, on_fallback=told.append
+    )
+    two_facts(bank, emb)
+    recall_args = {"tags": ["refund"], "query": QUERY}
+    result, _ = backend.call("cu_ana", "recall_facts", recall_args, "k1", 5.0, fence=1)
+    assert result["ranked_by"] == "embeddings" and told == []
+    switch.reply = Reply(status=503)
+    result, _ = backend.call("cu_ana", "recall_facts", recall_args, "k2", 5.0, fence=1)
+    assert result["ranked_by"] == "text_fallback" and told == ["acme"]
