@@ -33,6 +33,7 @@ MAX_TAG_CHARS = 64
 MAX_KEY_CHARS = 200
 MAX_NAME_CHARS = 200  # a user's or a call's name, as items record them
 MAX_CONCERNS = 256  # users one item may concern; a write naming more is refused, never cut
+MAX_EMBEDDING_CHARS = 65_536  # a packed vector: 12,288 float32 dimensions at most
 
 
 class Scope(StrEnum):
@@ -184,6 +185,11 @@ class MemoryItem(BaseModel):
     concerns: tuple[str, ...] = ()
     trajectory_id: str | None = None
     provenance: Provenance | None = None  # None: written by reins itself (an episode)
+    # The fact's embedding (``kernel.memory_rank.pack``), when an embedder was configured at
+    # write time; it lives and dies with the item, so an erasure erases it too.
+    embedding: str | None = Field(
+        None, max_length=MAX_EMBEDDING_CHARS, exclude_if=lambda v: v is None
+    )
 
     @field_validator("tags", mode="before")
     @classmethod

@@ -53,10 +53,17 @@ class RememberArgs(BaseModel):
 
 
 class RecallArgs(BaseModel):
-    """The tags to recall facts by."""
+    """The tags to recall facts by, and optionally what they should be about in words (used
+    where facts are ranked by embeddings, ``kernel.memory_rank``)."""
 
     tags: list[str] = Field(min_length=1, max_length=8)
     limit: int = Field(5, ge=1, le=20)
+    query: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="what the facts should be about, in your own words (optional)",
+    )
 
 
 @tool(

@@ -128,6 +128,26 @@ class Settings(BaseModel):
         description="PEM file of the certificate authorities a provider's TLS certificate is "
         "verified against (unset: the system's); verification is never off",
     )
+    # --- memory ranking by embeddings (worker/providers/embeddings.py): optional ---
+    embeddings_url: str = Field(
+        "",
+        description="base URL of an OpenAI-compatible /embeddings endpoint (e.g. "
+        "https://api.openai.com/v1): facts store their embedding and recall_facts ranks by it "
+        "beside the text index; unset: the text index alone",
+    )
+    embeddings_model: str = Field(
+        "text-embedding-3-small", min_length=1, description="the model the endpoint is asked for"
+    )
+    embeddings_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="the longest one embeddings call may take; past it (or on any error) a "
+        "recall falls back to the text index and a fact is stored without its embedding",
+    )
+    embeddings_api_key_env: str = Field(
+        "", description="the environment variable holding the endpoint's key; unset: no key"
+    )
     # --- Prometheus (ops/observability/metrics.py): every router and worker process serves
     # /metrics ---
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /metrics; 0: not served")
@@ -168,6 +188,15 @@ class Settings(BaseModel):
     console_idle_s: float = Field(
         1800.0, gt=0, description="a console session unused this long ends"
     )
+
+    @field_validator("embeddings_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        """An embeddings endpoint is an http(s) URL with a host (its path kept)."""
+        parts = urlsplit(value)
+        if value and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise ValueError("must be an http(s) URL with a host, e.g. https://host/v1")
+        return value
 
     @field_validator("public_url")
     @classmethod

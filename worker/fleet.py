@@ -52,6 +52,7 @@ from worker.fleet_agents import BackendFactory, ModelOverrides, TurnTools
 from worker.follow_on import FollowOn
 from worker.leases import LeaseKeeper
 from worker.providers.base import InFlightCalls
+from worker.providers.embeddings import Embedder
 from worker.providers.http import PoolOptions
 from worker.routes import RouteModels
 from worker.tool_gates import ToolGates, gated_route, lease_ttl_s
@@ -125,6 +126,7 @@ class FleetWorker:
             factory,
             RedisMemory(self.client, prefix=settings.key_prefix),
             pool_options=pool_options,
+            embedder=Embedder.from_settings(settings, environ),
             routes=RouteModels(
                 routed, environ, pool_options=pool_options, gates=gates, leases=self.leases
             ),

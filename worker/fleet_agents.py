@@ -20,6 +20,7 @@ from kernel.tools import ToolBackend, ToolSpec
 from router.fleet.agents import AgentCache
 from router.fleet.routes import ROUTES
 from store.memory_base import MemoryBank
+from worker.memory_tools import Embeds
 from worker.models import Model, ModelReply, ScriptedModel
 from worker.providers import make_model, with_model
 from worker.providers.http import PoolOptions
@@ -96,6 +97,7 @@ class TurnTools:
     memory: MemoryBank | None = None  # where the memory tools and episodes go (None: nowhere)
     pool_options: PoolOptions = field(default_factory=PoolOptions)  # each route's connections
     routes: RouteModels | None = None  # routed models (provider "routes"): the fleet's document
+    embedder: Embeds | None = None  # ranks recalled facts (REINS_EMBEDDINGS_URL); None: text only
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _backends: dict[str, ToolBackend] = field(default_factory=dict)
     _providers: dict[str, Model] = field(default_factory=dict)

@@ -8,18 +8,37 @@ and trust, the users it concerns, and whether the agent's policy lets that sourc
 scope. A refused write is answered to the model as an error naming why, and stores nothing.
 Recalled facts carry their source and trust, so a later write built on an untrusted one is
 untrusted too. The episode a run's end leaves is written by :mod:`router.fleet.episodes`.
+
+With an :class:`~worker.providers.embeddings.Embedder` (``REINS_EMBEDDINGS_URL``), a fact is
+stored with its embedding and a recall re-ranks the text index's candidates by
+``kernel.memory_rank.combined_score``; the answer says ``ranked_by``. An embedder that fails or
+hangs (bounded by its timeout) fails nothing: the fact is stored without its embedding, the
+recall is the text index's alone (``ranked_by`` says ``text_fallback``), and a warning is
+logged with the failure's code. Without an embedder, everything is as it was.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kernel.agent import AgentProfile
 from kernel.errors import InvalidInput
-from kernel.memory import MemoryItem, MemoryKind, Provenance, Scope, Source, Trust, Visibility, ms
+from kernel.memory import (
+    MemoryItem,
+    MemoryKind,
+    Provenance,
+    Scope,
+    Source,
+    Trust,
+    Visibility,
+    ms,
+    normal_tags,
+)
 from kernel.memory_policy import DEFAULT_POLICY, REMEMBER_TOOL, concerns_of, provenance_of
+from kernel.memory_rank import fact_text, pack, pool_size, query_text, rerank
 from kernel.memory_tools import DAY_MS, MEMORY_TOOL_NAMES, RecallArgs, RememberArgs
 from kernel.record import TrajectoryRecord
 from kernel.tools import ToolBackend
@@ -27,6 +46,31 @@ from store.memory_base import MemoryBank
 
 #: The code of a ``remember_fact`` the memory policy refused (nothing was stored).
 REFUSED = "memory_write_refused"
+#: ``ranked_by`` of a recall whose embedder failed: the text index's answer alone.
+FALLBACK = "text_fallback"
+
+log = logging.getLogger(__name__)
+
+
+class Embeds(Protocol):
+    """What recall needs of an embedder (``worker.providers.embeddings.Embedder``)."""
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text; raises for any failure."""
+        ...
+
+
+def _embedded(
+    embedder: Embeds, text: str, what: str, then: Callable[[list[float]], Any] = list
+) -> Any:
+    """``then`` of the embedding of ``text``, or None (logged) when the embedder or ``then``
+    fails in any way."""
+    try:
+        return then(embedder.embed([text])[0])
+    except Exception as exc:  # faults are normal: the caller falls back to the text index
+        code = getattr(exc, "code", type(exc).__name__)
+        log.warning("embeddings failed for %s (%s): %s; text index alone", what, code, exc)
+        return None
 
 
 def uses_memory(profile: AgentProfile) -> bool:
@@ -79,11 +123,15 @@ class MemoryBackend:
         *,
         record: TrajectoryRecord | None = None,
         profile: AgentProfile | None = None,
+        embedder: Embeds | None = None,
+        on_fallback: Callable[[str], None] | None = None,
     ) -> None:
         self.inner, self.bank, self.clock = inner, bank, clock
         self.tenant, self.agent = tenant, agent
         self.on_recall = on_recall  # told (tenant, hit) after each recall
         self.record, self.profile = record, profile
+        self.embedder = embedder  # None: the text index alone
+        self.on_fallback = on_fallback  # told (tenant) when a recall fell back to the text index
 
     def bound(self, rec: TrajectoryRecord) -> MemoryBackend:
         """The same backend, carrying out the calls of the run ``rec``."""
@@ -96,6 +144,8 @@ class MemoryBackend:
             self.on_recall,
             record=rec,
             profile=self.profile,
+            embedder=self.embedder,
+            on_fallback=self.on_fallback,
         )
 
     def call(
@@ -114,9 +164,11 @@ class MemoryBackend:
             return self.inner.call(user, tool, args, key, timeout_s, approval, fence=fence)
         owners = Visibility(self.tenant, user, self.agent)
         writing = Writing(self.record, self.profile, approved=approval is not None)
-        result, secs = call(self.bank, owners, tool, args, self.clock(), writing)
+        result, secs = call(self.bank, owners, tool, args, self.clock(), writing, self.embedder)
         if self.on_recall is not None and result.get("code") == "recalled":
             self.on_recall(self.tenant, bool(result["facts"]))
+        if self.on_fallback is not None and result.get("ranked_by") == FALLBACK:
+            self.on_fallback(self.tenant)
         return result, secs
 
     def lookup(self, tool: str, key: str, *, fence: int) -> tuple[dict[str, Any], float]:
@@ -131,15 +183,40 @@ def call(
     raw: dict[str, Any],
     now_s: float,
     writing: Writing | None = None,
+    embedder: Embeds | None = None,
 ) -> tuple[dict[str, Any], float]:
     """Carry out ``remember_fact`` (judged by ``writing``) or ``recall_facts`` for the caller
-    ``owners``."""
+    ``owners`` (ranked with ``embedder``'s help when there is one)."""
     now = ms(now_s)
     if tool == REMEMBER_TOOL:
-        return remember(bank, owners, RememberArgs.model_validate(raw), now, writing)
+        return remember(bank, owners, RememberArgs.model_validate(raw), now, writing, embedder)
     wanted = RecallArgs.model_validate(raw)
-    found = bank.recall(owners, MemoryKind.FACT, wanted.tags, now, wanted.limit)
-    facts = [
+    if embedder is None:
+        found = bank.recall(owners, MemoryKind.FACT, wanted.tags, now, wanted.limit)
+        return {"status": "ok", "code": "recalled", "facts": _facts(found)}, 0.0
+    found, ranked_by = _recall_embedded(bank, owners, wanted, now, embedder)
+    answer = {"status": "ok", "code": "recalled", "facts": _facts(found)}
+    return {**answer, "ranked_by": ranked_by}, 0.0
+
+
+def _recall_embedded(
+    bank: MemoryBank, owners: Visibility, wanted: RecallArgs, now: int, embedder: Embeds
+) -> tuple[list[MemoryItem], str]:
+    """The text index's best candidates re-ranked with the query's embedding; the text
+    index's own answer when the embedder fails (``text_fallback``)."""
+    tags = normal_tags(wanted.tags)
+    candidates = bank.recall(owners, MemoryKind.FACT, tags, now, pool_size(wanted.limit))
+    if not candidates:
+        return [], "embeddings"  # nothing to rank: the embedder is not asked
+    vector = _embedded(embedder, query_text(tags, wanted.query), f"a recall of {owners.tenant}")
+    if vector is None:
+        return candidates[: wanted.limit], FALLBACK
+    return rerank(candidates, tags, vector, wanted.limit), "embeddings"
+
+
+def _facts(found: list[MemoryItem]) -> list[dict[str, Any]]:
+    """Recalled facts as the model sees them."""
+    return [
         {
             "key": i.key,
             "value": i.value.get("text"),
@@ -151,13 +228,18 @@ def call(
         }
         for i in found
     ]
-    return {"status": "ok", "code": "recalled", "facts": facts}, 0.0
 
 
 def remember(
-    bank: MemoryBank, owners: Visibility, args: RememberArgs, now: int, writing: Writing | None
+    bank: MemoryBank,
+    owners: Visibility,
+    args: RememberArgs,
+    now: int,
+    writing: Writing | None,
+    embedder: Embeds | None = None,
 ) -> tuple[dict[str, Any], float]:
-    """Store one fact if the policy lets its source write its scope; else answer why not."""
+    """Store one fact if the policy lets its source write its scope; else answer why not.
+    With ``embedder``, the fact is stored with its embedding (without, if the embedder fails)."""
     writing = writing or Writing(None, None)
     owner = owners.owner(Scope(args.scope))
     try:
@@ -168,6 +250,10 @@ def remember(
     why = writing.refusal(owner.scope, provenance)
     if why is not None:
         return {"status": "error", "code": REFUSED, "key": args.key, "reason": why}, 0.0
+    packed = None
+    if embedder is not None:
+        text = fact_text(args.key, args.value, normal_tags(args.tags))
+        packed = _embedded(embedder, text, f"a fact of {owner.tenant}", pack)
     bank.put(
         MemoryItem(
             kind=MemoryKind.FACT,
@@ -182,6 +268,7 @@ def remember(
             concerns=concerns,
             trajectory_id=writing.record.trajectory_id if writing.record else None,
             provenance=provenance,
+            embedding=packed,
         )
     )
     answer = {"status": "ok", "code": "remembered", "key": args.key}

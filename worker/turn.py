@@ -85,6 +85,10 @@ class TurnObserver(AdmissionObserver):
     def on_recall(self, tenant: str, hit: bool) -> None:
         """A ``recall_facts`` call of ``tenant`` found something (``hit``) or nothing."""
 
+    def on_embedding_fallback(self, tenant: str) -> None:
+        """A ``recall_facts`` call of ``tenant`` was ranked by the text index alone: the
+        embedder (``REINS_EMBEDDINGS_URL``) failed or timed out."""
+
     def on_affinity(self, worker: str, hit: bool) -> None:
         """A turn with a previous turn started on ``worker``; ``hit``: this worker ran that
         previous turn (as far as its memory of recent trajectories reaches)."""
@@ -137,6 +141,7 @@ class TurnRunner:
             tool_gates,
             on_recall=self._on_recall,
             look_first=look_first,
+            on_fallback=self._on_fallback,
         )
         self._ending = TurnEnding(feed, worker, custody, leases)
         self.store = store
@@ -153,6 +158,9 @@ class TurnRunner:
 
     def _on_recall(self, tenant: str, hit: bool) -> None:
         self.observer.on_recall(tenant, hit)  # the observer in place now (tests replace it)
+
+    def _on_fallback(self, tenant: str) -> None:
+        self.observer.on_embedding_fallback(tenant)
 
     # --- the entry points ----------------------------------------------------------------------
 

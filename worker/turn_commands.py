@@ -65,6 +65,7 @@ class CommandCarrier:
         tool_gates: ToolGates | None = None,
         on_recall: Callable[[str, bool], None] | None = None,
         look_first: bool = False,
+        on_fallback: Callable[[str], None] | None = None,
     ) -> None:
         self.tools, self.calls_in_flight, self.listener, self.clock = (
             tools,
@@ -75,6 +76,7 @@ class CommandCarrier:
         self.max_call_s = max_call_s
         self.tool_gates = tool_gates  # None: no tool's capacity is gated here
         self.on_recall = on_recall  # told whether each recall_facts found anything
+        self.on_fallback = on_fallback  # told of each recall whose embedder failed
         self.look_first = look_first  # REINS_LOOK_UP_BEFORE_WRITE (worker.backend.dispatch)
 
     def carry_out(self, rec: TrajectoryRecord, cmd: Command) -> tuple[Event, Metered | None]:
@@ -139,6 +141,8 @@ class CommandCarrier:
                 self.on_recall,
                 record=rec,
                 profile=self.tools.profile(rec.agent),
+                embedder=self.tools.embedder,
+                on_fallback=self.on_fallback,
             )
         looked_up = isinstance(cmd, LookupEffect)
         if isinstance(cmd, DispatchTool) and cmd.timeout_s > self.max_call_s:

@@ -23,6 +23,7 @@ from store.memory_sqlite import SqliteMemory
 from worker.memory_tools import MemoryBackend, uses_memory
 from worker.models import Model
 from worker.providers import STREAMED, make_model, with_model
+from worker.providers.embeddings import Embedder
 from worker.providers.http import PoolOptions
 
 
@@ -61,7 +62,13 @@ class AgentRun:
         if uses_memory(agent.profile):  # facts and episodes outlive the run, in the SQLite file
             memory = SqliteMemory.from_settings(settings)
             tools = MemoryBackend(
-                backend, memory, tenant, agent_ref, time.time, profile=agent.profile
+                backend,
+                memory,
+                tenant,
+                agent_ref,
+                time.time,
+                profile=agent.profile,
+                embedder=Embedder.from_settings(settings, os.environ),
             )
             bind = tools.bound  # each write judged by the run's record (kernel.memory_policy)
         profile = with_model(

@@ -167,6 +167,13 @@ class Metrics(FleetHealth, RouterObserver, TurnObserver):
             ["tenant", "outcome"],
             registry=r,
         )
+        self.embedding_fallbacks = Counter(
+            "reins_memory_embedding_fallbacks",
+            "recall_facts calls ranked by the text index alone because the embedder "
+            "(REINS_EMBEDDINGS_URL) failed or timed out.",
+            ["tenant"],
+            registry=r,
+        )
         self.compactions = Counter(
             "reins_compactions",
             "Scratchpad compactions: model calls that folded old steps into the summary.",
@@ -349,6 +356,10 @@ class Metrics(FleetHealth, RouterObserver, TurnObserver):
     def on_recall(self, tenant: str, hit: bool) -> None:
         """A ``recall_facts`` call found something or nothing."""
         self.memory_recalls.labels(tenant, "hit" if hit else "miss").inc()
+
+    def on_embedding_fallback(self, tenant: str) -> None:
+        """A ``recall_facts`` call fell back to the text index (the embedder failed)."""
+        self.embedding_fallbacks.labels(tenant).inc()
 
     @contextmanager
     def turn_timer(self, worker: str) -> Iterator[None]:

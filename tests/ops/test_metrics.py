@@ -35,6 +35,7 @@ FAMILIES = {
     "reins_tool_calls": ("counter", {"tool", "outcome"}),
     "reins_compactions": ("counter", {"tenant"}),
     "reins_memory_recalls": ("counter", {"tenant", "outcome"}),
+    "reins_memory_embedding_fallbacks": ("counter", {"tenant"}),
     "reins_trajectory_stops": ("counter", {"tenant", "stop_reason"}),
     "reins_budget_cutoffs": ("counter", {"tenant", "limit"}),
     "reins_spend_dollars": ("counter", {"tenant"}),
@@ -325,3 +326,5 @@ def test_recalls_are_counted_as_hits_and_misses() -> None:
     m.on_recall("acme", True)
     assert value(m, "reins_memory_recalls_total", tenant="acme", outcome="hit") == 2
     assert value(m, "reins_memory_recalls_total", tenant="acme", outcome="miss") == 1
+    m.on_embedding_fallback("acme")
+    assert value(m, "reins_memory_embedding_fallbacks_total", tenant="acme") == 1

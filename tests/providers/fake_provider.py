@@ -1,7 +1,8 @@
 """A loopback model provider for tests: real HTTP on 127.0.0.1 speaking both protocols.
 
 ``POST /v1/chat/completions`` is OpenAI's chat completions (``fake_openai.py``) and
-``POST /v1/messages`` Anthropic's Messages (``fake_anthropic.py``); each request is answered by
+``POST /v1/messages`` Anthropic's Messages (``fake_anthropic.py``), and ``POST /v1/embeddings``
+OpenAI's embeddings (``fake_embeddings.py``, deterministic vectors); each request is answered by
 the script, a :class:`~tests.providers.fake_replies.Reply` per request, with the protocol's
 own stream, errors and headers. Connections are kept alive (HTTP/1.1) unless a reply cuts its
 stream or ``keep_alive`` is off, so a pooled client reuses them; :attr:`FakeProvider.connections`
@@ -25,10 +26,14 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.providers import fake_anthropic, fake_openai
+from tests.providers import fake_anthropic, fake_embeddings, fake_openai
 from tests.providers.fake_replies import RateLimit, Reply, Script, Seen
 
-ENCODINGS = {fake_openai.PATH: fake_openai, fake_anthropic.PATH: fake_anthropic}
+ENCODINGS = {
+    fake_openai.PATH: fake_openai,
+    fake_anthropic.PATH: fake_anthropic,
+    fake_embeddings.PATH: fake_embeddings,
+}
 
 
 class FakeProvider:
@@ -213,6 +218,10 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.status != 200 or reply.body is not None:
             body = reply.body or encoding.error_body(reply.status)
             self._whole(reply.status, body, headers)
+            return
+        if encoding is fake_embeddings:  # a whole JSON answer, not a stream
+            self._whole(200, fake_embeddings.body_of(request), headers)
+            seen.finished = True
             return
         self.send_response(200)
         for k, v in {"Content-Type": "text/event-stream", **headers}.items():
