@@ -47,7 +47,8 @@ from tests.fleet.harness import refund_job, seed_orders
 from tests.fleet.processes import ROOMY_TOTAL, effects_by_order, order_of, wait_all_ended
 from tests.support import wait_for
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+# Installing the previous release (a venv from PyPI) and the roll itself take minutes.
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1500)]
 BACKEND = "shared_store:undeduplicated"
 WORKERS, ROUTERS = ("w1", "w2"), ("r1", "r2")
 #: Model calls of 0.5 s, so turns are in flight whenever a process is replaced.
