@@ -10,7 +10,9 @@ when the configuration's version changes. It writes no configuration and no gate
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +23,12 @@ from api.idempotency import IdempotencyKeys, body_digest
 from api.keys import KeyRing
 from api.problems import Problem
 from kernel.errors import SnapshotNotFound, UnknownAgent
+from kernel.record import TrajectoryRecord
 from kernel.settings import Settings
+from kernel.states import LifecycleState
 from kernel.tools import Catalog
+from router.admission.gates import GateConfig
+from router.admission.redis.gates import RedisGates
 from router.fleet.agents import AgentCache
 from router.fleet.config import ConfigSource, FleetConfig, authority_lookup, importable
 from router.placement.membership import Membership
@@ -30,12 +36,14 @@ from router.placement.ring import Ring
 from router.process.submit import RouterApi, Submission
 from router.wire.broker import make_app
 from router.wire.custody import Custody
-from router.wire.feed import Feed
+from router.wire.feed import Feed, route_of
 from router.wire.publishers import Publisher, publisher_for
 from store.memory_redis import RedisMemory
 from store.redis_async import async_client_for
 from store.redis_client import client_for
 from store.redis_store import RedisStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,6 +112,25 @@ class Front:
     def fleet(self) -> FleetConfig:
         """The configuration in force (ConfigError: none applied)."""
         return self.config.current()
+
+    def held_back_by(self, rec: TrajectoryRecord) -> str | None:
+        """For a READY run: its model route and why that route's gate holds its next call
+        back now (the admitter's backpressure, asked again every cycle), or None. Read from
+        the gate, not the record; a gate that cannot be read says nothing (logged)."""
+        if rec.state is not LifecycleState.READY:
+            return None
+        try:
+            model = self.agents.get(rec.agent)[0].profile.model
+        except UnknownAgent:
+            return None
+        route = route_of(model.provider, model.name)
+        gates = RedisGates(self.client, GateConfig(routes={}), prefix=self.settings.key_prefix)
+        try:
+            why = gates.reading(route).holds_back(time.time())
+        except redis.RedisError as exc:
+            log.warning("gate %s not read for %s: %s", route, rec.trajectory_id, exc)
+            return None
+        return None if why is None else f"{route} ({why})"
 
     def catalog_of(self, agent: str) -> Catalog | None:
         """The tools of ``agent``, or None when this process may not load it (off every list,

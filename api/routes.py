@@ -9,6 +9,7 @@ validates before it writes).
 from __future__ import annotations
 
 import time
+import zlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
@@ -31,6 +32,7 @@ from api.views import (
     Trajectory,
     Usage,
     UsageHistory,
+    Waiting,
     held_of,
     trajectory_of,
 )
@@ -129,11 +131,18 @@ def show(
     """One trajectory: state, stop reason, closing message, spend, held approval; its record
     version is the ETag (``If-None-Match`` with it: 304 while nothing changed)."""
     rec = _load(request, need(grant, Scope.READ), trajectory_id)
-    etag = f'"{rec.record_version}"'
+    front = front_of(request)
+    held_back = front.held_back_by(rec)  # a READY run's gate: not in the record, so in the tag
+    gated = "" if held_back is None else f"-{zlib.crc32(held_back.encode()):08x}"
+    etag = f'"{rec.record_version}{gated}"'
     if if_none_match == etag:
         return Response(status_code=304, headers={"ETag": etag})
     response.headers["ETag"] = etag
-    return trajectory_of(rec, front_of(request).catalog_of(rec.agent))
+    view = trajectory_of(rec, front.catalog_of(rec.agent))
+    if held_back is not None:
+        call = f"{rec.trajectory_id}/m{rec.turn + 1}"
+        view.waiting.append(Waiting(call_id=call, tool="model", on=held_back))
+    return view
 
 
 @router.get(

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.amounts import ZERO, Dimension, tool_call_liability
 from kernel.record import ControlKind, TrajectoryRecord
+from kernel.states import LifecycleState
 from kernel.tools import Catalog
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -87,11 +88,14 @@ class HeldApproval(BaseModel):
 
 
 class Waiting(BaseModel):
-    """A tool call registered but not sent yet: the capacity it waits for (backpressure)."""
+    """A call not sent yet for want of capacity (backpressure): a tool call its gate has no
+    room for, or the next model call while its provider refuses ("not now")."""
 
     call_id: str
     tool: str
-    on: str = Field(description="the gate it waits for, e.g. tool/issue_refund")
+    on: str = Field(
+        description="what it waits for: a tool's gate (tool/issue_refund) or a model's route"
+    )
 
 
 class Trajectory(BaseModel):
@@ -112,7 +116,7 @@ class Trajectory(BaseModel):
     held_approval: HeldApproval | None
     pending_control: str | None
     waiting: list[Waiting] = Field(
-        default_factory=list, description="tool calls not sent yet for want of capacity"
+        default_factory=list, description="calls not sent yet for want of capacity"
     )
 
 
@@ -250,5 +254,15 @@ def trajectory_of(rec: TrajectoryRecord, catalog: Catalog | None = None) -> Traj
             Waiting(call_id=op.call_id, tool=op.tool or "", on=op.waiting)
             for op in rec.operations.values()
             if op.waiting is not None and op.open
-        ],
+        ]
+        + _model_waiting(rec),
     )
+
+
+def _model_waiting(rec: TrajectoryRecord) -> list[Waiting]:
+    """The next model call, while its provider refuses ("not now"): READY, asked again once
+    admission lets it through the route's gate (:mod:`kernel.backpressure`)."""
+    if rec.state is not LifecycleState.READY or rec.rejected_by is None:
+        return []
+    call = f"{rec.trajectory_id}/m{rec.turn + 1}"
+    return [Waiting(call_id=call, tool="model", on=f"{rec.rejected_by} ({rec.rejections} refused)")]

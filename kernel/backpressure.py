@@ -1,4 +1,5 @@
-"""Capacity shortage is backpressure: a tool call its gate had no room for waits, unsent.
+"""Capacity shortage is backpressure: a tool call its gate had no room for waits, unsent; a
+model call its provider refused ("not now") is asked again.
 
 A worker that finds no room in a tool's gate reports :class:`~kernel.events.ToolDeferred`
 instead of calling the backend (seed 004 10.8.2). The call stays registered and reserved, the
@@ -7,6 +8,14 @@ and it is sent again under the same attempt, so the worker asks the gate again: 
 schedule is the worker's, one deferral per bounded wait. Nothing reaches the model and no error
 is counted. A call that nobody waits for any more (its claim withdrawn, a control pending, a
 clock run out) is dropped instead: it was never sent, so its reservation is booked at nothing.
+
+A model reply REJECTED with nothing used (HTTP 429 or 503, an overloaded provider, or a routed
+model whose routes were all paused by their gates) is the provider's capacity, not the agent's
+error (:func:`on_not_now`): the model is not told, no error is counted and the turn is no step;
+the run goes back to READY, where admission waits on the route's gate (which the reply's
+retry-after paused). The chain row names the route. :data:`MAX_REJECTIONS` refusals in a row,
+with no reply in between, end the run ``failed`` with its own detail (a provider that never
+serves it, or a route with no gate to pace the retries); the clocks end it sooner.
 """
 
 from __future__ import annotations
@@ -16,12 +25,34 @@ from kernel.amounts import NOTHING
 from kernel.chain import RowKind
 from kernel.context import Draft
 from kernel.errors import UnknownReference
-from kernel.events import DispatchTool, ToolDeferred
-from kernel.lifecycle import clock_stop, time_left
+from kernel.events import DispatchTool, ModelReplied, ReplyStatus, ToolDeferred
+from kernel.lifecycle import Cause, clock_stop, time_left
 from kernel.record import ApprovalStatus, Operation, OpKind, OpStatus
-from kernel.states import LifecycleState
+from kernel.states import LifecycleState, StopReason
 
 S = LifecycleState
+#: Model calls refused in a row ("not now") after which a run ends ``failed``.
+MAX_REJECTIONS = 50
+
+
+def not_now(ev: ModelReplied) -> bool:
+    """True for a reply that is the provider's "not now": REJECTED with nothing used."""
+    return ev.status is ReplyStatus.REJECTED and (ev.usage is None or ev.usage.total == 0)
+
+
+def on_not_now(draft: Draft, ev: ModelReplied) -> None:
+    """The provider refused the call for now: back to READY, untold, uncounted (module
+    docstring); the refusals in a row are bounded."""
+    rec = draft.rec
+    rec.rejections += 1
+    route = ev.route or f"{draft.ctx.agent.model.provider}/{draft.ctx.agent.model.name}"
+    rec.rejected_by = route
+    detail = {"on": route, "in_a_row": rec.rejections, "retry_after_s": ev.retry_after_s}
+    draft.row(RowKind.MODEL, call_id=ev.call_id, outcome="waiting", detail=detail)
+    if rec.rejections >= MAX_REJECTIONS:
+        draft.stop(StopReason.FAILED, f"{route} refused {rec.rejections} calls in a row")
+        return
+    draft.end_turn(Cause.REPLY_OBSERVE, counts_as_step=False)
 
 
 def on_tool_deferred(draft: Draft, ev: ToolDeferred) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel import compaction, finalizing, owed, policy_holds, shapes
+from kernel import backpressure, compaction, finalizing, owed, policy_holds, shapes
 from kernel.amounts import NOTHING, Amounts, model_call_charge
 from kernel.authority import barrier
 from kernel.chain import RowKind
@@ -64,14 +64,26 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
     if rec.scratchpad is not None and compaction.took_reply(draft, ev):
         return
     if ev.status is not ReplyStatus.COMPLETED:
-        kind = ev.status.value.lower()
-        obs: dict[str, Any] = {"status": "error", "code": f"reply_{kind}"}
-        if ev.retry_after_s is not None:
-            obs["retry_after_s"] = ev.retry_after_s
-        draft.recoverable(f"reply_{kind}", obs)
-        draft.end_turn(Cause.REPLY_OBSERVE)
+        _not_completed(draft, ev)
         return
+    rec.rejections, rec.rejected_by = 0, None
     _route_proposal(draft, ev.content)
+
+
+def _not_completed(draft: Draft, ev: ModelReplied) -> None:
+    """A reply that did not complete: the provider's "not now" is backpressure
+    (:mod:`kernel.backpressure`); anything else is an observation the model sees and an error
+    that counts."""
+    if backpressure.not_now(ev):  # the provider's capacity, not the agent's error
+        backpressure.on_not_now(draft, ev)
+        return
+    draft.rec.rejections, draft.rec.rejected_by = 0, None
+    kind = ev.status.value.lower()
+    obs: dict[str, Any] = {"status": "error", "code": f"reply_{kind}"}
+    if ev.retry_after_s is not None:
+        obs["retry_after_s"] = ev.retry_after_s
+    draft.recoverable(f"reply_{kind}", obs)
+    draft.end_turn(Cause.REPLY_OBSERVE)
 
 
 def _on_closing_reply(draft: Draft, ev: ModelReplied) -> None:
@@ -105,6 +117,22 @@ def _quarantine(draft: Draft, op: Operation, ev: ModelReplied, evidence: dict[st
         draft.end_turn(Cause.WITHDRAWN)
 
 
+def _book_reply(draft: Draft, op: Operation, ev: ModelReplied, attempt: str) -> Amounts:
+    """Book what the reply used (a "not now" used nothing: neither step nor token); with no
+    usage evidence the reservation stays. Returns the usage past the reservation."""
+    if backpressure.not_now(ev):
+        draft.rec.ledger.book(attempt, NOTHING)
+    elif ev.usage is not None:
+        charge = model_call_charge(draft.ctx.agent.model.price_of(ev.route), ev.usage)
+        op.status = OpStatus.SETTLED
+        return draft.rec.ledger.book(attempt, charge)
+    else:
+        op.status = OpStatus.UNKNOWN
+        return NOTHING
+    op.status = OpStatus.SETTLED
+    return NOTHING
+
+
 def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[str, Any], Amounts]:
     """Book the reply's usage (or keep the reservation when it has none) and write its chain
     row; returns the call's evidence and the usage past the reservation."""
@@ -116,14 +144,8 @@ def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[s
     op.evidence = evidence
     if ev.status is not ReplyStatus.COMPLETED and ev.raw is not None:
         evidence["raw"] = ev.raw
-    over = NOTHING
+    over = _book_reply(draft, op, ev, attempt)
     usage = ev.usage
-    if usage is not None:
-        charge = model_call_charge(draft.ctx.agent.model.price_of(ev.route), usage)
-        over = draft.rec.ledger.book(attempt, charge)
-        op.status = OpStatus.SETTLED
-    else:
-        op.status = OpStatus.UNKNOWN  # no usage evidence: the reservation stays
     detail: dict[str, Any] = {"proposal": ev.content, "timed_out": ev.timed_out}
     if usage is not None and usage.cached_input:
         detail["cached_in"] = usage.cached_input  # charged at the cached price

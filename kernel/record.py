@@ -28,10 +28,10 @@ from kernel.states import LifecycleState, StopReason
 
 SCHEMA_VERSION = 7  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
 # 5: the recoveries count and the highest fence; 6: the grants' freeze, a hold's reason, the
-# closing step and its report; 7: what a tool call waits for
+# closing step and its report; 7: what a tool call waits for, and model calls refused in a row
 #: Older records read as a 7 without what they lack (no overrun, no scratchpad, the tenant's
 #: first class, no recoveries, not frozen, holds for a reviewer, no closing step, no tool call
-#: waiting).
+#: waiting, no refusals).
 READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
@@ -278,6 +278,9 @@ class TrajectoryRecord(Mutable):
     stalls: int = 0
     error_streak: ErrorStreak = Field(default_factory=ErrorStreak)
     recoveries: int = 0  # turns recovered since a turn last ended on its own
+    # model calls a provider refused in a row ("not now", nothing used), since one was answered
+    rejections: int = 0
+    rejected_by: str | None = None  # the route that refused the last of them
     fence: int = 0  # the highest fencing token given out to a backend
     # authority, obligations, held approval
     grants: Grants = Field(default_factory=Grants)

@@ -110,6 +110,22 @@ class GateReading:
     remaining_tokens: int = -1
     remaining_until: float = 0.0
 
+    def holds_back(self, now: float) -> str | None:
+        """Why a new call would wait at this gate now (``paused``, ``concurrency``, ``rpm``,
+        ``tpm``), or None when it has room (or is no gate: a route never configured)."""
+        if self.reason == "unknown_route":
+            return None
+        if self.paused_until > now:
+            return "paused"
+        for why, count, limit in (
+            ("concurrency", self.leases, self.concurrency),
+            ("rpm", self.requests, self.rpm),
+            ("tpm", self.tokens, self.tpm),
+        ):
+            if 0 <= limit <= count:
+                return why
+        return None
+
     def within_limits(self) -> bool:
         """True when no counter is above its limit."""
         return all(

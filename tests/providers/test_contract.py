@@ -190,11 +190,10 @@ def test_429_is_rejected_with_its_retry_after_and_headers(
     assert reply.rate_limits == headers and reply.usage is None
     k.reply(cmd, reply)
     assert k.rec.state is LifecycleState.READY and not k.dispatches
-    assert k.rec.last_observation == {
-        "status": "error",
-        "code": "reply_rejected",
-        "retry_after_s": 20.0,
-    }
+    # the provider's capacity, not the agent's error: the model is not told, nothing counts,
+    # and the record names what it waits for
+    assert k.rec.last_observation is None and k.rec.error_streak.count == 0
+    assert k.rec.rejections == 1 and k.rec.rejected_by is not None
 
 
 def test_a_429_without_retry_after_waits_for_the_latest_reset(

@@ -175,11 +175,9 @@ def test_429_is_rejected_with_its_retry_after_and_never_slept_on(
     assert reply.usage is None
     k.reply(cmd, reply)
     assert k.rec.state is LifecycleState.READY and not k.dispatches
-    assert k.rec.last_observation == {
-        "status": "error",
-        "code": "reply_rejected",
-        "retry_after_s": 20.0,
-    }
+    # the provider's capacity, not the agent's error: the model is not told, nothing counts
+    assert k.rec.last_observation is None and k.rec.error_streak.count == 0
+    assert k.rec.rejections == 1
 
 
 @pytest.mark.parametrize(
@@ -200,6 +198,7 @@ def test_retry_after_is_read_from_the_headers_a_429_carries(
 # --- bad input: a status or an observation, never an exception, never a dispatch --------------
 
 CUT = Reply(content=FINAL, cut_after=3)
+NOT_NOW = "not now"  # a refusal for capacity (kernel.backpressure), not an observation
 CASES: dict[str, tuple[Reply, ReplyStatus, str]] = {
     "malformed JSON chunk": (Reply(events=["{not json"]), ReplyStatus.FAULTED, "reply_faulted"),
     "200 with an error body": (
@@ -241,7 +240,7 @@ CASES: dict[str, tuple[Reply, ReplyStatus, str]] = {
     ),
     "refusal": (Reply(refusal="I can't help with that."), ReplyStatus.REFUSED, "reply_refused"),
     "HTTP 500": (Reply(status=500), ReplyStatus.TRANSPORT_FAILURE, "reply_transport_failure"),
-    "HTTP 503": (Reply(status=503), ReplyStatus.REJECTED, "reply_rejected"),
+    "HTTP 503": (Reply(status=503), ReplyStatus.REJECTED, NOT_NOW),
     "HTTP 401": (Reply(status=401), ReplyStatus.FAULTED, "reply_faulted"),
     "HTTP 400 content policy": (
         Reply(status=400, body=json.dumps({"error": {"code": "content_filter"}})),
@@ -278,6 +277,9 @@ def test_bad_input_becomes_a_status_or_an_observation(serve: Serve, case: str) -
     k.reply(cmd, reply)
     assert not k.dispatches
     assert k.rec.state is LifecycleState.READY
+    if code == NOT_NOW:  # backpressure: asked again later, the model is not told
+        assert k.rec.last_observation is None and k.rec.rejections == 1
+        return
     observed = (k.rec.last_observation or {}).get("code", "")
     assert observed.startswith(code if code != "m" else "malformed_reply"), observed
 
