@@ -17,7 +17,7 @@ from kernel.events import CallModel
 from kernel.fastmodel import construct
 from kernel.lifecycle import Cause, time_left, transition
 from kernel.progress import signature
-from kernel.record import EscalationStage, Operation, OpKind, TrajectoryRecord
+from kernel.record import EscalationStage, Operation, TrajectoryRecord
 from kernel.render import render
 from kernel.states import LifecycleState, StopReason
 
@@ -109,16 +109,7 @@ def admit(draft: Draft) -> None:
 
     def register(r: TrajectoryRecord) -> None:
         r.ledger.admit(attempt, liability)  # may raise AdmissionRefused: nothing changes
-        r.operations[call_id] = construct(
-            Operation,
-            op_id=call_id,
-            call_id=call_id,
-            kind=OpKind.MODEL,
-            attempts=[attempt],
-            idempotency_key=call_id,
-            epoch=r.control_epoch,
-            reservation=liability,
-        )
+        r.operations[call_id] = Operation.model_call(call_id, attempt, r.control_epoch, liability)
         r.turn += 1
         r.turn_signature = signature(r)
         mark(r, call_id, folds)

@@ -24,7 +24,7 @@ from kernel.errors import AdmissionRefused
 from kernel.events import CallModel
 from kernel.fastmodel import construct
 from kernel.jsontext import sorted_text
-from kernel.record import ClosingStep, Operation, OpKind, TrajectoryRecord
+from kernel.record import ClosingStep, Operation, TrajectoryRecord
 from kernel.render import Estimator, render
 from kernel.states import LifecycleState, StopReason
 
@@ -72,16 +72,7 @@ def begin(
     except AdmissionRefused as refused:
         why = f"the reserve cannot fund it: {refused.dimension} short"
         return None, {"closing": "not_funded", "why": why}
-    rec.operations[call_id] = construct(
-        Operation,
-        op_id=call_id,
-        call_id=call_id,
-        kind=OpKind.MODEL,
-        attempts=[attempt],
-        idempotency_key=call_id,
-        epoch=rec.control_epoch,
-        reservation=liability,
-    )
+    rec.operations[call_id] = Operation.model_call(call_id, attempt, rec.control_epoch, liability)
     rec.turn += 1
     allowance = rec.budget.finalize_s
     rec.closing = construct(

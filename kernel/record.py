@@ -124,6 +124,20 @@ class Operation(Mutable):
         """True while the operation still owes a settlement."""
         return self.status in (OpStatus.REGISTERED, OpStatus.UNKNOWN)
 
+    @classmethod
+    def model_call(cls, call_id: str, attempt: str, epoch: int, reservation: Amounts) -> Operation:
+        """A model call registered with its first attempt (its key is its call id)."""
+        return construct(
+            cls,
+            op_id=call_id,
+            call_id=call_id,
+            kind=OpKind.MODEL,
+            attempts=[attempt],
+            idempotency_key=call_id,
+            epoch=epoch,
+            reservation=reservation,
+        )
+
 
 @pinned_values
 class ApprovalStatus(StrEnum):
