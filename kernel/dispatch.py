@@ -10,13 +10,14 @@ from functools import partial
 from typing import Any
 
 from kernel.amounts import NOTHING, ZERO, Dimension, tool_call_liability
+from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
 from kernel.errors import AdmissionRefused
-from kernel.events import DispatchTool
+from kernel.events import DispatchTool, HoldForApproval
 from kernel.fastmodel import construct
 from kernel.lifecycle import Cause, clock_stop, time_left, transition
 from kernel.progress import digest
-from kernel.record import Operation, OpKind, TrajectoryRecord
+from kernel.record import HeldProposal, Operation, OpKind, TrajectoryRecord
 from kernel.states import LifecycleState
 from kernel.tools import ToolKind, ToolSpec
 
@@ -61,6 +62,48 @@ def proposal_digest(tool: str, args: dict[str, Any], target: str, plan_revision:
         "plan_revision": plan_revision,
     }
     return digest(proposal, size=32)
+
+
+def review_request(
+    draft: Draft, tool: str, args: dict[str, Any], plan_step: str | None, key: str
+) -> HeldProposal:
+    """Approval escrow: the exact proposal as a request for a reviewer, numbered, with its
+    digest and its time to live; the caller puts it in the record and :func:`announce`s it."""
+    rec = draft.rec
+    rec.approval_requests += 1
+    return HeldProposal(
+        approval_id=f"{rec.trajectory_id}/ap{rec.approval_requests}",
+        held_version=rec.record_version + 1,  # the version the held proposal commits at
+        plan_revision=rec.plan_revision,
+        expires_at=draft.now + draft.ctx.agent.approval_ttl_s,
+        held_at=draft.now,
+        digest=proposal_digest(tool, args, key, rec.plan_revision),
+        tool=tool,
+        args=args,
+        plan_step=plan_step,
+        call_key=key,
+    )
+
+
+def announce(draft: Draft, held: HeldProposal) -> None:
+    """The request's chain row, and the command that tells reviewers of it."""
+    draft.row(
+        RowKind.APPROVAL,
+        tool=held.tool,
+        args=held.args,
+        outcome="held",
+        detail={"approval_id": held.approval_id, "digest": held.digest},
+    )
+    draft.commands.append(
+        HoldForApproval(
+            approval_id=held.approval_id,
+            held_version=held.held_version,
+            digest=held.digest,
+            tool=held.tool,
+            args=held.args,
+            expires_at=held.expires_at,
+        )
+    )
 
 
 def refusal(approval_id: str, reason: str) -> dict[str, Any]:

@@ -14,14 +14,13 @@ from kernel.amounts import NOTHING, Amounts, model_call_charge
 from kernel.authority import barrier
 from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
-from kernel.dispatch import Call, call_key, dispatch, proposal_digest, refusal, same_effect
+from kernel.dispatch import Call, announce, call_key, dispatch, refusal, review_request, same_effect
 from kernel.errors import IllegalTransition, UnknownReference
-from kernel.events import HoldForApproval, ModelReplied, ReplyStatus
+from kernel.events import ModelReplied, ReplyStatus
 from kernel.lifecycle import Cause, clock_stop
 from kernel.plan import adopt, open_steps, validate_plan
 from kernel.progress import fingerprint
 from kernel.record import (
-    HeldProposal,
     Operation,
     OpKind,
     OpStatus,
@@ -66,7 +65,6 @@ def on_model_reply(draft: Draft, ev: ModelReplied) -> None:
     if ev.status is not ReplyStatus.COMPLETED:
         _not_completed(draft, ev)
         return
-    rec.rejections, rec.rejected_by = 0, None
     _route_proposal(draft, ev.content)
 
 
@@ -77,7 +75,6 @@ def _not_completed(draft: Draft, ev: ModelReplied) -> None:
     if backpressure.not_now(ev):  # the provider's capacity, not the agent's error
         backpressure.on_not_now(draft, ev)
         return
-    draft.rec.rejections, draft.rec.rejected_by = 0, None
     kind = ev.status.value.lower()
     obs: dict[str, Any] = {"status": "error", "code": f"reply_{kind}"}
     if ev.retry_after_s is not None:
@@ -118,19 +115,21 @@ def _quarantine(draft: Draft, op: Operation, ev: ModelReplied, evidence: dict[st
 
 
 def _book_reply(draft: Draft, op: Operation, ev: ModelReplied, attempt: str) -> Amounts:
-    """Book what the reply used (a "not now" used nothing: neither step nor token); with no
-    usage evidence the reservation stays. Returns the usage past the reservation."""
+    """Book what the reply used; returns the usage past the reservation. A "not now" used
+    nothing (neither step nor token); with no usage evidence the reservation stays. Any other
+    reply ends a streak of refusals (:mod:`kernel.backpressure`)."""
+    rec = draft.rec
     if backpressure.not_now(ev):
-        draft.rec.ledger.book(attempt, NOTHING)
-    elif ev.usage is not None:
-        charge = model_call_charge(draft.ctx.agent.model.price_of(ev.route), ev.usage)
+        rec.ledger.book(attempt, NOTHING)
         op.status = OpStatus.SETTLED
-        return draft.rec.ledger.book(attempt, charge)
-    else:
+        return NOTHING
+    rec.rejections, rec.rejected_by = 0, None
+    if ev.usage is None:
         op.status = OpStatus.UNKNOWN
         return NOTHING
     op.status = OpStatus.SETTLED
-    return NOTHING
+    charge = model_call_charge(draft.ctx.agent.model.price_of(ev.route), ev.usage)
+    return rec.ledger.book(attempt, charge)
 
 
 def _settle_reply(draft: Draft, op: Operation, ev: ModelReplied) -> tuple[dict[str, Any], Amounts]:
@@ -392,37 +391,7 @@ def _hold(draft: Draft, spec: ToolSpec, args: dict[str, Any], plan_step: str | N
         draft.recoverable("approval_limit", refusal(f"{rec.trajectory_id}/ap-", "APPROVAL_LIMIT"))
         draft.end_turn(Cause.REPLY_OBSERVE)
         return
-    rec.approval_requests += 1
-    approval_id = f"{rec.trajectory_id}/ap{rec.approval_requests}"
     key = call_key(draft, spec, args, plan_step, 0)
-    held = HeldProposal(
-        approval_id=approval_id,
-        held_version=rec.record_version + 1,  # the version the held proposal commits at
-        plan_revision=rec.plan_revision,
-        expires_at=draft.now + draft.ctx.agent.approval_ttl_s,
-        held_at=draft.now,
-        digest=proposal_digest(spec.name, args, key, rec.plan_revision),
-        tool=spec.name,
-        args=args,
-        plan_step=plan_step,
-        call_key=key,
-    )
-    rec.held = held
+    rec.held = review_request(draft, spec.name, args, plan_step, key)
     draft.move(S.AWAITING_APPROVAL, Cause.REPLY_APPROVAL)
-    draft.row(
-        RowKind.APPROVAL,
-        tool=spec.name,
-        args=args,
-        outcome="held",
-        detail={"approval_id": approval_id, "digest": held.digest},
-    )
-    draft.commands.append(
-        HoldForApproval(
-            approval_id=approval_id,
-            held_version=held.held_version,
-            digest=held.digest,
-            tool=spec.name,
-            args=args,
-            expires_at=held.expires_at,
-        )
-    )
+    announce(draft, rec.held)

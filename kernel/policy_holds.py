@@ -16,9 +16,9 @@ from typing import Any
 from kernel.authority import Barrier, barrier
 from kernel.chain import RowKind
 from kernel.context import Draft
-from kernel.dispatch import call_key, dispatch
+from kernel.dispatch import announce, call_key, dispatch, review_request
 from kernel.errors import IllegalTransition
-from kernel.events import GrantsChanged, HoldForApproval
+from kernel.events import GrantsChanged
 from kernel.lifecycle import Cause
 from kernel.progress import digest
 from kernel.record import ApprovalStatus, EscalationStage, HeldProposal, HoldReason
@@ -117,45 +117,9 @@ def recheck(draft: Draft) -> bool:
 
 def _for_review(draft: Draft, was: HeldProposal) -> None:
     """The released call's tool asks for a reviewer: it is held again, now for approval."""
-    rec = draft.rec
-    rec.approval_requests += 1
-    held = rec.held = HeldProposal(
-        approval_id=f"{rec.trajectory_id}/ap{rec.approval_requests}",
-        held_version=rec.record_version + 1,
-        plan_revision=rec.plan_revision,
-        expires_at=draft.now + draft.ctx.agent.approval_ttl_s,
-        held_at=draft.now,
-        digest=digest(
-            {
-                "operation": was.tool,
-                "arguments": was.args,
-                "target": was.call_key,
-                "plan_revision": rec.plan_revision,
-            },
-            size=32,
-        ),
-        tool=was.tool,
-        args=was.args,
-        plan_step=was.plan_step,
-        call_key=was.call_key,
-    )
-    draft.row(
-        RowKind.APPROVAL,
-        tool=held.tool,
-        args=held.args,
-        outcome="held",
-        detail={"approval_id": held.approval_id, "digest": held.digest},
-    )
-    draft.commands.append(
-        HoldForApproval(
-            approval_id=held.approval_id,
-            held_version=held.held_version,
-            digest=held.digest,
-            tool=held.tool,
-            args=held.args,
-            expires_at=held.expires_at,
-        )
-    )
+    held = review_request(draft, was.tool, was.args, was.plan_step, was.call_key)
+    draft.rec.held = held
+    announce(draft, held)
 
 
 def on_grants(draft: Draft, ev: GrantsChanged) -> None:
