@@ -36,7 +36,7 @@ def async_client_for(settings: Settings) -> Any:
                 raise ConfigError(
                     f"{setting}: a Sentinel URL is redis+sentinel://host:port[,host:port]/service[/db]"
                 )
-            sentinel = Sentinel(_hosts(parts.netloc, setting), **common)  # type: ignore[no-untyped-call]
+            sentinel = Sentinel(_hosts(parts.netloc, setting), **common)  # type: ignore[no-untyped-call, unused-ignore]
             db = int(path[1]) if len(path) == 2 else 0
             return sentinel.master_for(path[0], db=db, **extra)
         if scheme in CLUSTER_SCHEMES or settings.redis_cluster:

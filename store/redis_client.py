@@ -250,7 +250,7 @@ def _sentinel_master(parts: SplitResult, options: dict[str, Any], setting: str) 
     credentials = _credentials(parts.netloc)
     if parts.scheme.lower().startswith("rediss"):
         options = options | {"ssl": True}
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         _hosts(parts.netloc, setting),
         socket_connect_timeout=options["socket_connect_timeout"],
         socket_timeout=options["socket_timeout"],
@@ -259,8 +259,9 @@ def _sentinel_master(parts: SplitResult, options: dict[str, Any], setting: str) 
             "socket_timeout": options["socket_timeout"],
         },
     )
-    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        path[0], db=db, **options, **credentials
+    connection: dict[str, Any] = {**options, **credentials}  # redis-py 8 types each keyword
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
+        path[0], db=db, **connection
     )
     return master
 

@@ -333,7 +333,7 @@ class CancelListener:
 
     def _listen(self) -> None:
         while not self._stop.is_set():
-            pubsub: Any = self.feed.client.pubsub(  # type: ignore[no-untyped-call]
+            pubsub: Any = self.feed.client.pubsub(  # type: ignore[no-untyped-call, unused-ignore]
                 ignore_subscribe_messages=True
             )
             try:
