@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import ssl
 import uuid
 from enum import StrEnum
 from typing import Any
@@ -28,6 +29,7 @@ from celery.utils.nodenames import anon_nodename
 from kernel.errors import InvalidInput, ReinsError
 from kernel.settings import Settings
 from router.placement.ring import check_name
+from router.wire import redis_transport
 from store.redis_client import retry_transient
 from store.redis_direct import direct_batch
 
@@ -108,6 +110,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         }
     return {
         **common,
+        # kombu's Redis transport, less its leak of a prefetch slot per failed ack.
+        "broker_transport": redis_transport.TRANSPORT,
+        **_redis_tls(settings.broker_url),
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,
             "global_keyprefix": broker_keyprefix(settings),
@@ -125,6 +130,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "health_check_interval": max(1, math.ceil(settings.redis_timeout_s)),
         },
     }
+
+
+def _redis_tls(url: str) -> dict[str, Any]:
+    """TLS for a ``rediss://`` broker. kombu turns TLS on from the URL's scheme only when it
+    picks the transport itself; with the transport named, it is asked for here, with the
+    server's certificate verified (as the store's redis-py client does)."""
+    if url.split("://", 1)[0] != "rediss":
+        return {}
+    return {"broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_REQUIRED}}
 
 
 def _common_config(settings: Settings) -> dict[str, Any]:

@@ -3,10 +3,13 @@ queue names and (on RabbitMQ) queue arguments; nothing here connects."""
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
 
 from kernel.errors import InvalidInput
 from kernel.settings import Settings
+from router.wire import redis_transport
 from router.wire.amqp import QUEUE_EXPIRES_MS, member_queue, queue_arguments
 from router.wire.broker import BrokerKind, broker_kind, celery_config, celery_queue
 from worker.celery_app import TurnConsumer, worker_app
@@ -64,3 +67,13 @@ def test_a_worker_consumes_its_queue_on_the_default_exchange_without_delayed_del
     assert app.conf.worker_consumer.endswith(":TurnConsumer")
     assert not any("DelayedDelivery" in step for step in TurnConsumer.Blueprint.default_steps)
     assert any("Tasks" in step for step in TurnConsumer.Blueprint.default_steps)
+
+
+def test_a_redis_broker_takes_reins_transport_and_keeps_tls_on_rediss() -> None:
+    plain = celery_config(Settings.from_env({"REINS_BROKER_URL": "redis://h/1"}))
+    secure = celery_config(Settings.from_env({"REINS_BROKER_URL": "rediss://h:6380/1"}))
+    amqp = celery_config(Settings.from_env({"REINS_BROKER_URL": AMQP}))
+    assert plain["broker_transport"] == secure["broker_transport"] == redis_transport.TRANSPORT
+    assert "broker_use_ssl" not in plain and "broker_transport" not in amqp
+    # Naming the transport turns off kombu's scheme-based TLS: it must be asked for.
+    assert secure["broker_use_ssl"] == {"ssl_cert_reqs": ssl.CERT_REQUIRED}
