@@ -18,6 +18,7 @@ from kernel.chain import ChainRow
 from kernel.context import KernelContext
 from kernel.record import TrajectoryRecord
 from kernel.states import StopReason
+from ops.bench import kernel_instructions
 from ops.bench.peers import Peer, installed
 from store.in_process import InProcessStore
 from worker.embedded import EmbeddedRunner
@@ -26,6 +27,7 @@ from worker.models import ScriptedModel
 GOAL = "refund the damaged item on order ord_1001"
 EFFECTS = [["refund", "ord_1001", 3000], ["email", "ord_1001"]]
 TOOL_CALLS = ["get_order", "issue_refund", "send_status_email"]
+INSTRUCTION_TRAJECTORIES = 30  # counted under callgrind, each side (about a minute each)
 
 
 def reins_once(ctx: KernelContext, store: InProcessStore, i: int) -> None:
@@ -191,4 +193,19 @@ def run(quick: bool = False) -> dict[str, Any]:
         "reins_version": md.version("reins"),
         "langgraph_version": md.version("langgraph"),
         "steps_per_trajectory": 5,
+        **_instructions(quick),
+    }
+
+
+def _instructions(quick: bool) -> dict[str, Any]:
+    """Instructions per trajectory of each side, by callgrind (``kernel_instructions``):
+    the figure that does not move with the machine's load. Left out of a quick run."""
+    if quick or not kernel_instructions.available():
+        return {}
+    reins = kernel_instructions.per_trajectory("reins", INSTRUCTION_TRAJECTORIES)
+    lang = kernel_instructions.per_trajectory("langgraph", INSTRUCTION_TRAJECTORIES)
+    return {
+        "reins_instructions_per_traj": round(reins),
+        "langgraph_instructions_per_traj": round(lang),
+        "instruction_ratio": round(lang / reins, 2),
     }

@@ -1,4 +1,4 @@
-"""An ack that meets a dead Redis gives the consumer's prefetch slot back and keeps the message.
+"""kombu's Redis transport as the fleet runs it: a failed ack frees its slot; one client a channel.
 
 Through the fleet's own Celery configuration (router.wire.broker) on a redis-server of the
 test's own, killed between delivery and ack, as a Redis restart under load does. With kombu's
@@ -58,6 +58,24 @@ def test_a_failed_ack_frees_its_slot_and_the_message_stays_for_redelivery(
             assert unacked == [message.delivery_tag.encode()]
         finally:
             client.close()
+    finally:
+        conn.release()
+        server.stop()
+
+
+def test_the_channel_keeps_one_client_until_its_pool_is_replaced(tmp_path: Path) -> None:
+    server = OwnRedis(tmp_path)
+    server.start()
+    settings = Settings.from_env({"REINS_BROKER_URL": server.url, "REINS_KEY_PREFIX": "acktest"})
+    conn = make_app(settings).connection_for_read()
+    try:
+        channel = conn.channel()
+        with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
+            assert first is second and first.connection_pool is channel.pool
+        channel._pool = None  # as kombu drops it after a connection error
+        with channel.conn_or_acquire() as third:
+            assert third is not first and third.connection_pool is channel.pool
+            assert third.ping()
     finally:
         conn.release()
         server.stop()

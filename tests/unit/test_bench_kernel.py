@@ -3,7 +3,10 @@
 Timing is never asserted; the figures belong in the closing note, not in a test.
 """
 
+import pytest
+
 from ops import bench as benchmarks
+from ops.bench import kernel_instructions
 from ops.bench.kernel import run
 
 
@@ -21,3 +24,8 @@ def test_bench_kernel_fields() -> None:
         assert key in out
     assert out["reins_traj_per_s"] > 0 and out["langgraph_traj_per_s"] > 0
     assert out["trajectories"] >= 40
+
+
+def test_the_instruction_count_names_a_side_it_does_not_know() -> None:
+    with pytest.raises(ValueError, match="side must be one of"):
+        kernel_instructions.per_trajectory("temporal", 1)
