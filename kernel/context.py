@@ -21,7 +21,7 @@ from kernel.authority import AuthorityLookup, TenantAuthority
 from kernel.chain import ChainRow, RowKind
 from kernel.closing import closing_message
 from kernel.errors import IllegalTransition
-from kernel.events import Command, DispatchTool, Enqueue, Finish, LookupEffect
+from kernel.events import Command, DispatchTool, Enqueue, Finish, LookupEffect, StartJob
 from kernel.fastmodel import construct, shallow_copy
 from kernel.jsontext import plain_text
 from kernel.lifecycle import Cause, Decision, transition
@@ -48,7 +48,7 @@ MISFIT_STOP = {
     Dimension.DOLLARS: StopReason.MAX_COST,
 }
 ENQUEUE = Enqueue()  # commands are frozen values: one serves every turn that ends READY
-FENCED = (DispatchTool, LookupEffect)  # the commands that carry a fencing token
+FENCED = (DispatchTool, LookupEffect, StartJob)  # the commands that carry a fencing token
 #: Recoveries in a row (no turn ending on its own between them) after which a run ends FAILED:
 #: a fault of the fleet is no step of the agent and never counts towards its stalls, but a
 #: trajectory no worker manages to carry on must still end (seed 004: no state is a trap).

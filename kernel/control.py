@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel import finalizing, policy_holds, waits
+from kernel import finalizing, policy_holds, tool_job_polls, waits
 from kernel.amounts import ZERO, Dimension, tool_call_liability
 from kernel.authority import barrier
 from kernel.chain import RowKind
@@ -20,6 +20,7 @@ from kernel.context import Draft
 from kernel.dispatch import dispatch, proposal_digest, refusal
 from kernel.errors import IllegalTransition, UnknownReference
 from kernel.events import ApprovalDecided, CancelCall, ControlRequested, Enqueue, ToolProgress
+from kernel.job_specs import OnPause
 from kernel.lifecycle import Cause, clock_refusal, clock_stop
 from kernel.record import (
     ApprovalStatus,
@@ -40,9 +41,10 @@ S = LifecycleState
 ADMISSION_STOPPED = frozenset({S.PAUSED, S.FINALIZING, S.COMPLETED, S.FAILED, S.CANCELED})
 
 
-def _withdraw(draft: Draft) -> None:
+def _withdraw(draft: Draft, stop_jobs: bool = False) -> None:
     """Withdraw every outstanding claim on results: eligibility off, epoch forward; a held
-    proposal is withdrawn too (its approval would need fresh authorization)."""
+    proposal is withdrawn too (its approval would need fresh authorization). A running job
+    is asked to stop if ``stop_jobs`` or its tool's pause policy says so; else it runs on."""
     rec = draft.rec
     any_open = False
     for op in rec.operations.values():
@@ -50,7 +52,10 @@ def _withdraw(draft: Draft) -> None:
             any_open = True
             if op.eligible:
                 op.eligible = False
-                draft.commands.append(CancelCall(call_id=op.call_id))
+                if op.job is None:
+                    draft.commands.append(CancelCall(call_id=op.call_id))
+                elif stop_jobs or tool_job_polls.policy_of(draft, op).on_pause is OnPause.CANCEL:
+                    tool_job_polls.cancel(draft, op)
     if any_open:
         rec.control_epoch += 1
     held = rec.held
@@ -59,11 +64,11 @@ def _withdraw(draft: Draft) -> None:
         held.decided_at = draft.now
 
 
-def _step_down(draft: Draft) -> None:
+def _step_down(draft: Draft, stop_jobs: bool = False) -> None:
     """From a live call, a wait or an approval, back to READY (explicit withdrawal)."""
     rec = draft.rec
     if rec.state in (S.CALLING_MODEL, S.WAITING_TOOL, S.AWAITING_APPROVAL):
-        _withdraw(draft)
+        _withdraw(draft, stop_jobs)
         draft.move(S.READY, Cause.WITHDRAWN)
 
 
@@ -170,16 +175,25 @@ def _cancel(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None
     rec.pending_control = pending
     if rec.state is S.WAITING_TOOL:
         for op in waits.open_batch(draft):
-            draft.commands.append(CancelCall(call_id=op.call_id))
+            if op.job is None:
+                draft.commands.append(CancelCall(call_id=op.call_id))
+        _stop_jobs(draft)
         draft.note = "cancel: waiting for the calls in flight (up to the wait's deadline)"
         return
     if rec.state is S.CALLING_MODEL:
         _withdraw(draft)
         draft.note = "cancel: waiting for the model call to answer"
         return
-    _withdraw(draft)
+    _withdraw(draft, stop_jobs=True)
+    _stop_jobs(draft)  # a job a pause let run is stopped too
     rec.pending_control = None
     draft.stop(StopReason.CANCELED)
+
+
+def _stop_jobs(draft: Draft) -> None:
+    """Ask every job still running to stop; each keeps its reservation until its report."""
+    for op in tool_job_polls.open_jobs(draft.rec):
+        tool_job_polls.cancel(draft, op)
 
 
 def _kill(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
@@ -187,11 +201,12 @@ def _kill(draft: Draft, ev: ControlRequested, pending: PendingControl) -> None:
     recorded unknown, its reservation kept for the reconciler) and the run ends now."""
     rec = draft.rec
     rec.pending_control = pending
-    _withdraw(draft)
+    _withdraw(draft, stop_jobs=True)
+    _stop_jobs(draft)  # at once: the outcome is unknown until the backend reports
     asked = {c.call_id for c in draft.commands if isinstance(c, CancelCall)}
     for op in rec.operations.values():
         if op.open:
-            if op.call_id not in asked:
+            if op.call_id not in asked and op.job is None:
                 draft.commands.append(CancelCall(call_id=op.call_id))
             op.status = OpStatus.UNKNOWN  # it may yet take effect: never assumed either way
     rec.pending_control = None
@@ -462,14 +477,19 @@ def on_tick(draft: Draft) -> None:
         if finalizing.awaiting(rec) and closing is not None and draft.now >= closing.until:
             abandon_closing(draft, f"the closing step's {rec.budget.finalize_s} s ran out")
             return
+        tool_job_polls.polls_due(draft)  # an ended run's jobs still owe their bills
         draft.note = "ended"
         return
     if draft.now - rec.submitted_at >= rec.budget.wall_clock_s:
-        _step_down(draft)
+        _step_down(draft, stop_jobs=True)
+        _stop_jobs(draft)
         if rec.state is S.PAUSED:
             rec.pending_control = None
         draft.stop(StopReason.WALL_CLOCK)
         return
+    if tool_job_polls.past_deadline(draft):
+        return
+    tool_job_polls.polls_due(draft)
     held = rec.held
     if (
         rec.state is S.AWAITING_APPROVAL

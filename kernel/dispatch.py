@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from kernel import tool_job_polls
 from kernel.amounts import NOTHING, ZERO, Dimension, tool_call_liability
 from kernel.chain import RowKind
 from kernel.context import MISFIT_STOP, Draft
@@ -147,6 +148,11 @@ def dispatch(
         rec.wait_deadline = draft.now + wait_s
     timeout = time_left(rec, draft.now)
     for op, (spec, _args, _step) in zip(planned, calls, strict=True):
+        if spec.job is not None:  # registered above; the job's state goes with its start
+            draft.commands.append(
+                tool_job_polls.start(draft, op, spec, min(spec.timeout_s, timeout), approval_digest)
+            )
+            continue
         draft.commands.append(
             construct(
                 DispatchTool,

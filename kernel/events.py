@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kernel.amounts import Usage
 from kernel.fastmodel import pinned_values
+from kernel.job_specs import InputRequest, JobStatus
 from kernel.record import ControlKind, Grants
 from kernel.states import LifecycleState, StopReason
 
@@ -150,6 +151,46 @@ class Reconcile(_Event):
     type: Literal["reconcile"] = "reconcile"
 
 
+class JobStarted(_Event):
+    """A job's start was answered: the backend took it under ``handle``."""
+
+    type: Literal["job_started"] = "job_started"
+    call_id: str
+    attempt_id: str
+    handle: str = Field(..., min_length=1, max_length=500)
+    latency_s: float = Field(0.0, ge=0)
+
+
+class JobReported(_Event):
+    """A job's report (a poll's answer or a push), correlated by operation and attempt.
+
+    ``epoch`` is the control epoch its start was registered under (echoed from
+    :class:`StartJob`); ``seq`` the backend's report number when it numbers them; ``charge``
+    the job's cumulative bill in dollars so far (None: no billing evidence). A report the
+    record already heard, or one for another attempt or epoch, changes nothing."""
+
+    type: Literal["job_reported"] = "job_reported"
+    call_id: str
+    attempt_id: str
+    epoch: int
+    status: JobStatus
+    result: dict[str, Any] = Field(default_factory=dict)
+    charge: Decimal | None = Field(None, ge=0)
+    input_request: InputRequest | None = None
+    seq: int | None = Field(None, ge=0)
+    latency_s: float = Field(0.0, ge=0)
+
+
+class InputGiven(_Event):
+    """An authorised person answers a job's input request; it must name its input id."""
+
+    type: Literal["input_given"] = "input_given"
+    call_id: str
+    input_id: str
+    answer: Any = None
+    given_by: str
+
+
 class Tick(_Event):
     """Time passed: check the wall clock, wait deadlines and approval expiry."""
 
@@ -162,6 +203,9 @@ Event = (
     | ToolResulted
     | ToolDeferred
     | ToolProgress
+    | JobStarted
+    | JobReported
+    | InputGiven
     | ApprovalDecided
     | ControlRequested
     | GrantsChanged
@@ -223,6 +267,55 @@ class LookupEffect(_Command):
     fence: int = 0
 
 
+class StartJob(_Command):
+    """Start an asynchronous job (its tool declares a job policy); registered and reserved
+    already. The backend answers with a handle at once (:class:`JobStarted`); the job's
+    reports come later and carry ``epoch`` back. ``fence`` as for :class:`DispatchTool`."""
+
+    type: Literal["start_job"] = "start_job"
+    call_id: str
+    attempt_id: str
+    tool: str
+    args: dict[str, Any]
+    idempotency_key: str
+    timeout_s: float
+    epoch: int
+    approval_digest: str | None = None
+    fence: int = 0
+
+
+class PollJob(_Command):
+    """Ask a job's backend for its reports; the poll was recorded before it was sent."""
+
+    type: Literal["poll_job"] = "poll_job"
+    call_id: str
+    attempt_id: str
+    handle: str
+    epoch: int
+
+
+class CancelJob(_Command):
+    """Ask a job's backend to stop it. Its outcome and bill still come from its report."""
+
+    type: Literal["cancel_job"] = "cancel_job"
+    call_id: str
+    attempt_id: str
+    handle: str | None  # None: not started yet as far as the record knows (cancel by key)
+    idempotency_key: str
+    tool: str
+
+
+class GiveInput(_Command):
+    """Send an answer to the input request a job made."""
+
+    type: Literal["give_input"] = "give_input"
+    call_id: str
+    attempt_id: str
+    handle: str
+    input_id: str
+    answer: Any = None
+
+
 class HoldForApproval(_Command):
     """A proposal is held; tell the reviewers. The trajectory holds no worker meanwhile."""
 
@@ -257,4 +350,16 @@ class Finish(_Command):
     message: str
 
 
-Command = CallModel | DispatchTool | LookupEffect | HoldForApproval | CancelCall | Enqueue | Finish
+Command = (
+    CallModel
+    | DispatchTool
+    | LookupEffect
+    | StartJob
+    | PollJob
+    | CancelJob
+    | GiveInput
+    | HoldForApproval
+    | CancelCall
+    | Enqueue
+    | Finish
+)

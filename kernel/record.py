@@ -21,18 +21,20 @@ from kernel.amounts import Amounts
 from kernel.budget import Budget
 from kernel.errors import UnsupportedSchema
 from kernel.fastmodel import Mutable, construct, pinned_values, shallow_copy
+from kernel.job_specs import JobState
 from kernel.ledger import Ledger
 from kernel.modeljson import json_native, model_json
 from kernel.scratchpad import Scratchpad
 from kernel.states import LifecycleState, StopReason
 
-SCHEMA_VERSION = 7  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
+SCHEMA_VERSION = 8  # 2: the ledger's overrun; 3: the scratchpad and episodes; 4: the class;
 # 5: the recoveries count and the highest fence; 6: the grants' freeze, a hold's reason, the
-# closing step and its report; 7: what a tool call waits for, and model calls refused in a row
-#: Older records read as a 7 without what they lack (no overrun, no scratchpad, the tenant's
+# closing step and its report; 7: what a tool call waits for, and model calls refused in a row;
+# 8: an operation's job (handle, status, poll schedule, pending input)
+#: Older records read as an 8 without what they lack (no overrun, no scratchpad, the tenant's
 #: first class, no recoveries, not frozen, holds for a reviewer, no closing step, no tool call
-#: waiting, no refusals).
-READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, SCHEMA_VERSION})
+#: waiting, no refusals, no jobs).
+READABLE_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6, 7, SCHEMA_VERSION})
 
 JsonScalar = str | int | float | bool | None
 
@@ -118,6 +120,7 @@ class Operation(Mutable):
     evidence: dict[str, Any] | None = None
     turn: int = 0  # the turn that registered it (its wait's batch)
     waiting: str | None = None  # not sent yet: the capacity (a gate) it waits for
+    job: JobState | None = None  # an asynchronous job's handle and reports (kernel.jobs)
 
     @property
     def open(self) -> bool:

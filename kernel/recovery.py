@@ -10,7 +10,7 @@ looked up, or ends the run ``unknown_outcome``. So every effect happens at most 
 
 from __future__ import annotations
 
-from kernel import finalizing
+from kernel import finalizing, tool_job_polls
 from kernel.chain import RowKind
 from kernel.context import Draft
 from kernel.control import abandon_closing
@@ -63,6 +63,9 @@ def _recover_wait(draft: Draft) -> None:
             continue
         spec = draft.ctx.agent.catalog.get(op.tool or "")
         if spec is None:  # pragma: no cover - the catalog is fixed for a run
+            continue
+        if op.job is not None:
+            tool_job_polls.recover(draft, op, spec)
             continue
         resolve_unknown(draft, op, spec)
         if rec.state is not S.WAITING_TOOL:

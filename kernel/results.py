@@ -82,10 +82,10 @@ def on_tool_result(draft: Draft, ev: ToolResultEvent) -> None:
             resolve_unknown(draft, op, spec)
         return
     _settle_tool(draft, op, ev)
-    _carry_on(draft, op, spec, result)
+    carry_on(draft, op, spec, result)
 
 
-def _carry_on(draft: Draft, op: Operation, spec: ToolSpec | None, result: dict[str, Any]) -> None:
+def carry_on(draft: Draft, op: Operation, spec: ToolSpec | None, result: dict[str, Any]) -> None:
     """A settled call: stage its result if still eligible, then the plan or the wait goes on."""
     rec = draft.rec
     eligible = op.eligible and op.epoch == rec.control_epoch

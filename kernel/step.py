@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel import backpressure, control, fold, owed, policy_holds, recovery, results
+from kernel import backpressure, control, fold, owed, policy_holds, recovery, results, tool_jobs
 from kernel.admission import admit
 from kernel.context import Draft, KernelContext, StepResult
 from kernel.errors import IllegalTransition
@@ -26,6 +26,9 @@ from kernel.events import (
     Event,
     Finalize,
     GrantsChanged,
+    InputGiven,
+    JobReported,
+    JobStarted,
     ModelReplied,
     Reconcile,
     Recover,
@@ -73,6 +76,9 @@ HANDLERS: dict[type[Event], Handler] = {
     GrantsChanged: policy_holds.on_grants,
     Tick: lambda draft, ev: control.on_tick(draft),
     ToolProgress: control.on_progress,
+    JobStarted: tool_jobs.on_started,
+    JobReported: tool_jobs.on_report,
+    InputGiven: tool_jobs.on_input,
     Finalize: finalize,
     Recover: lambda draft, ev: recovery.on_recover(draft),
     Reconcile: lambda draft, ev: owed.on_reconcile(draft),

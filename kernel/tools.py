@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from kernel.job_specs import JobPolicy
 from kernel.record import Grants
 
 
@@ -88,6 +89,8 @@ class ToolSpec:
     # The declared schema of an ok result, its ranges as field constraints (None: undeclared).
     # An executed plan's step whose result breaks it does not count as done (kernel.shapes).
     result_model: type[BaseModel] | None = None
+    # An asynchronous job (kernel.jobs): started, then reported; None for a call that answers.
+    job: JobPolicy | None = None
 
     def __post_init__(self) -> None:
         resends = self.kind is ToolKind.WRITE and self.on_unknown is OnUnknown.RESEND
@@ -179,6 +182,7 @@ def tool(
     trusted_output: bool = False,
     names_users: Iterable[str] = (),
     result: type[BaseModel] | None = None,
+    job: JobPolicy | None = None,
 ) -> Callable[[Callable[..., Any]], DeclaredTool]:
     """Declare a tool: ``@tool(RefundArgs, kind=ToolKind.WRITE, ...)`` over its implementation."""
 
@@ -202,6 +206,7 @@ def tool(
             trusted_output=trusted_output,
             names_users=tuple(names_users),
             result_model=result,
+            job=job,
         )
         return DeclaredTool(spec=spec, fn=fn)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kernel.chain import ChainRow
 from kernel.context import KernelContext, StepResult
@@ -24,23 +25,31 @@ from kernel.events import (
     ApprovalDecided,
     CallModel,
     CancelCall,
+    CancelJob,
     Command,
     DispatchTool,
     Enqueue,
     Event,
     Finish,
+    GiveInput,
     HoldForApproval,
+    InputGiven,
     LookupEffect,
+    PollJob,
     Reconcile,
+    StartJob,
     ToolResulted,
 )
 from kernel.fastmodel import construct
+from kernel.job_specs import JobBackend
 from kernel.lifecycle import time_left
 from kernel.owed import MAX_LOOKUPS
-from kernel.record import HeldProposal, TrajectoryRecord
+from kernel.record import HeldProposal, Operation, TrajectoryRecord
 from kernel.states import LIVE
 from kernel.step import step
+from kernel.tool_job_polls import waiting_for_input
 from kernel.tools import ToolBackend
+from worker import embedded_jobs
 from worker.backend import dispatch
 from worker.models import Model
 
@@ -72,6 +81,8 @@ class RunResult:
     rows: list[ChainRow] = field(default_factory=list)
     held: HoldForApproval | None = None
     events: list[Event] = field(default_factory=list)
+    input: Operation | None = None  # a job waiting for input: answer with ``give_input``
+    ignored: list[dict[str, Any]] = field(default_factory=list)  # reports that changed nothing
 
 
 class EmbeddedRunner:
@@ -86,6 +97,7 @@ class EmbeddedRunner:
         commit: Commit | None = None,
         max_events: int = 10_000,
         bind: Callable[[TrajectoryRecord], ToolBackend] | None = None,
+        jobs: JobBackend | None = None,
     ) -> None:
         self.ctx, self.model, self.backend = ctx, model, backend
         self.bind = bind  # the backend for one run's calls (the memory tools judge by the run)
@@ -93,35 +105,56 @@ class EmbeddedRunner:
         self.commit = commit
         self.max_events = max_events
         self.last: TrajectoryRecord | None = None  # the newest record, even if a run raised
+        # The backend of job tools: ``jobs``, else the tool backend if it runs jobs too.
+        self.jobs = (
+            jobs if jobs is not None else backend if isinstance(backend, JobBackend) else None
+        )
+        self._inbox: deque[Event] = deque()  # events a command produced, not yet stepped
 
     def apply(self, rec: TrajectoryRecord, event: Event, out: RunResult) -> StepResult:
         """One step, committed through the store hook when it changed anything."""
         result = step(rec, event, self.ctx)
         out.events.append(event)
+        if result.ack is not None and result.ack.get("outcome") == "ignored":
+            out.ignored.append(result.ack)  # kept for audit: it changed nothing
         if result.record is not rec and self.commit is not None:
             self.commit(rec, result.record, result.rows)
         out.rows.extend(result.rows)
         self.last = result.record
         return result
 
-    def run(self, rec: TrajectoryRecord, first: Event | None = None) -> RunResult:
-        """Advance until the trajectory ends or is suspended."""
+    def run(
+        self, rec: TrajectoryRecord, first: Event | None = None, until: float | None = None
+    ) -> RunResult:
+        """Advance until the trajectory ends or is suspended; with ``until``, also hand back
+        a run waiting on a job once its next due time would pass that reading."""
         out = RunResult(record=rec)
         todo: deque[Command] = deque()
         result = self.apply(rec, first or self.admission(), out)
         rec = result.record
         todo.extend(result.commands)
-        while todo:
-            if len(out.events) > self.max_events:  # pragma: no cover - budgets end runs first
-                raise RuntimeError("embedded run did not end within its event bound")
-            cmd = todo.popleft()
-            event = self.carry_out(rec, cmd, out)
-            if event is None:
-                continue
-            result = self.apply(rec, event, out)
+        while True:
+            while todo or self._inbox:
+                if len(out.events) > self.max_events:  # pragma: no cover - budgets end runs
+                    raise RuntimeError("embedded run did not end within its event bound")
+                if self._inbox:  # a poll's further reports, in the backend's order
+                    event: Event | None = self._inbox.popleft()
+                else:
+                    event = self.carry_out(rec, todo.popleft(), out)
+                if event is None:
+                    continue
+                result = self.apply(rec, event, out)
+                rec = result.record
+                todo.extend(result.commands)
+            due = embedded_jobs.wake(rec, self.clock.now()) if out.held is None else None
+            if due is None or (until is not None and due > until):
+                break  # nothing owed by a job, the run is suspended, or handed back
+            self.clock.advance(due - self.clock.now())  # no thread waits: the clock moves
+            result = self.apply(rec, embedded_jobs.tick_at(self.clock.now()), out)
             rec = result.record
             todo.extend(result.commands)
         out.record = self._settle_owed(rec, out)
+        out.input = next(iter(waiting_for_input(rec)), None) if rec.state in LIVE else None
         return out
 
     def _settle_owed(self, rec: TrajectoryRecord, out: RunResult) -> TrajectoryRecord:
@@ -163,6 +196,11 @@ class EmbeddedRunner:
                 latency_s=secs,
                 looked_up=looked_up,
             )
+        if isinstance(cmd, StartJob | PollJob | CancelJob | GiveInput):
+            jobs = self.jobs
+            events = embedded_jobs.carry_out(jobs, rec, cmd, self.clock.now, self.clock.advance)
+            self._inbox.extend(events)
+            return None
         if isinstance(cmd, Enqueue):
             return self.admission()
         if isinstance(cmd, HoldForApproval):
@@ -190,6 +228,15 @@ class EmbeddedRunner:
         """An admission request at the current reading (built from the runner's own clock,
         so without re-validation)."""
         return construct(Admit, now=self.clock.now())
+
+    def give_input(
+        self, rec: TrajectoryRecord, call_id: str, input_id: str, answer: Any, by: str = "reviewer"
+    ) -> RunResult:
+        """Answer the input request of job ``call_id`` (it must name ``input_id``) and run on."""
+        given = InputGiven(
+            now=self.clock.now(), call_id=call_id, input_id=input_id, answer=answer, given_by=by
+        )
+        return self.run(rec, given)
 
     def approve(
         self,

@@ -79,7 +79,7 @@ def test_json_round_trip_is_exact() -> None:
     assert back == rec
     assert back.to_json() == data
     assert isinstance(back.ledger.dollars.actual, Decimal)
-    assert json.loads(data)["schema_version"] == SCHEMA_VERSION == 7
+    assert json.loads(data)["schema_version"] == SCHEMA_VERSION == 8
 
 
 def test_unknown_schema_version_is_refused() -> None:
