@@ -301,6 +301,11 @@ class Ring:
         """How many points are on the ring, draining members' included."""
         return self._points.count
 
+    @property
+    def index_shape(self) -> tuple[int, int]:
+        """The lookup index's buckets and owner-table arcs (the arcs follow the point count)."""
+        return len(self._buckets), len(self._owners)
+
     def points_of(self, name: str) -> list[int]:
         """Positions of a member's points, in index order (a copy)."""
         member = self._require(name)

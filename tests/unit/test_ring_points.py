@@ -152,3 +152,8 @@ def test_a_ring_places_by_definition_as_its_table_coarsens_and_refines(
     assert 0 in fines and fines[0] == fines[-1] != 0  # it coarsened and refined again
     for version, _, placed in seen:
         assert [version.lookup(k) for k in keys] == placed
+
+
+def test_the_index_shape_reports_buckets_and_arcs() -> None:
+    small = Ring((Member(f"worker-{i}") for i in range(3)), points_per_weight=8, index_bits=10)
+    assert small.index_shape == (1 << 10, 1 << (10 + FINE_BITS))
