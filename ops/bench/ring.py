@@ -92,6 +92,8 @@ def run(quick: bool = False) -> dict[str, object]:
         "bisect_lookups_per_s": round(key_count / best["bisect"]),
         "index_speedup_over_bisect": round(best["bisect"] / best["reins"], 3),
         "ring_build_s": round(build_s, 4),
+        "index_buckets": ring.index_shape[0],
+        "owner_arcs": ring.index_shape[1],
         "max_over_mean_load": round(_max_over_mean(placed, MEMBERS), 4),
         "uhashring_max_over_mean_load": round(_max_over_mean(peer_placed, MEMBERS), 4),
         "moved_fraction_on_add": round(len(moved) / key_count, 5),
@@ -158,6 +160,7 @@ def _at_scale(members: int, keys: list[str]) -> dict[str, object]:
         "rss_mb": round(_rss_mb(), 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "points": ring.point_count,
+        "owner_arcs": ring.index_shape[1],
         "lookups_per_s": round(len(keys) / lookup_s),
         "max_over_mean_share": round(max(shares) * len(shares), 4),
     }

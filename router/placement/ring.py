@@ -31,7 +31,7 @@ from kernel.errors import (
     RingError,
     UnknownMember,
 )
-from router.placement.points import SLOT_BITS, SLOT_MASK, Batch, PointIndex
+from router.placement.points import HELD, SLOT_BITS, SLOT_MASK, Batch, PointIndex
 
 RING_FORMAT = "reins-ring-v1/xxh64"
 """Names the point layout; part of every fingerprint, so a layout change can never pass unseen."""
@@ -141,6 +141,8 @@ class Ring:
         "_members",
         "_names",
         "_owner_of",
+        "_owner_shift",
+        "_owners",
         "_points",
         "_slot_of",
         "_width",
@@ -168,6 +170,7 @@ class Ring:
         # The index's fields the lookup reads, kept here to save an attribute lookup each.
         self._buckets, self._width = self._points.buckets, self._points.width
         self._low_mask = self._points.low_mask
+        self._owners, self._owner_shift = self._points.owners, self._points.owner_shift
         self._fingerprint = ring_fingerprint((), points_per_weight)
         self._apply(_staged(members))
 
@@ -218,10 +221,13 @@ class Ring:
     def lookup(self, key: str) -> str:
         """The member that takes ``key``; raises EmptyRing when no member may take new work."""
         position = xxh64_intdigest(key.encode())
-        bucket = self._buckets[position >> self._width]
-        # Literals rather than SLOT_BITS and SLOT_MASK: this is the hot path.
-        entry = bucket[bisect_left(bucket, (position & self._low_mask) << 16)]
-        owner = self._owner_of[entry & 0xFFFF]
+        # The owner table first; the arc's bucket only when a point is in the arc. Literals
+        # rather than HELD, SLOT_BITS and SLOT_MASK: this is the hot path.
+        slot = self._owners[position >> self._owner_shift]
+        if slot == 0xFFFF:
+            bucket = self._buckets[position >> self._width]
+            slot = bucket[bisect_left(bucket, (position & self._low_mask) << 16)] & 0xFFFF
+        owner = self._owner_of[slot]
         if owner is None:
             owner = self._past_draining(position)
         return owner
@@ -230,9 +236,12 @@ class Ring:
         """The member that takes a key at ``position`` (0 <= position < 2**64)."""
         if not 0 <= position < _SPACE:
             raise ValueError(f"position {position} is outside 0..2**64-1")
-        bucket = self._buckets[position >> self._width]
-        entry = bucket[bisect_left(bucket, (position & self._low_mask) << SLOT_BITS)]
-        owner = self._owner_of[entry & SLOT_MASK]
+        slot = self._owners[position >> self._owner_shift]
+        if slot == HELD:
+            bucket = self._buckets[position >> self._width]
+            entry = bucket[bisect_left(bucket, (position & self._low_mask) << SLOT_BITS)]
+            slot = entry & SLOT_MASK
+        owner = self._owner_of[slot]
         if owner is None:
             owner = self._past_draining(position)
         return owner
@@ -291,6 +300,11 @@ class Ring:
     def point_count(self) -> int:
         """How many points are on the ring, draining members' included."""
         return self._points.count
+
+    @property
+    def index_shape(self) -> tuple[int, int]:
+        """The lookup index's buckets and owner-table arcs (the arcs follow the point count)."""
+        return len(self._buckets), len(self._owners)
 
     def points_of(self, name: str) -> list[int]:
         """Positions of a member's points, in index order (a copy)."""
@@ -388,6 +402,8 @@ class Ring:
             self._owner_of,
             self._points,
             self._buckets,
+            self._owners,
+            self._owner_shift,
             self._fingerprint,
         ) = (
             dict(sorted(members.items())),
@@ -396,6 +412,8 @@ class Ring:
             owner_of,
             points,
             points.buckets,
+            points.owners,
+            points.owner_shift,
             ring_fingerprint(members.values(), self.points_per_weight),
         )
 
