@@ -23,6 +23,7 @@ from api.auth import front_of
 from api.console import pages as console
 from api.front import Front
 from api.limits import BodyLimit
+from api.plain_submit import PlainSubmit
 from kernel.settings import Settings
 
 
@@ -46,6 +47,7 @@ def create_app(settings: Settings, front: Front | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.front = parts
+    app.add_middleware(PlainSubmit)  # inside the body limit and the forwarded headers
     app.add_middleware(BodyLimit)
     if settings.proxies():
         # outermost: X-Forwarded-For and -Proto are believed from these peers only (uvicorn's
