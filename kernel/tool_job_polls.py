@@ -10,13 +10,17 @@ run waiting on it stops with the deadline's reason.
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from kernel.context import Draft
-from kernel.events import CancelJob, PollJob, StartJob
+from kernel.events import CancelJob, GiveInput, PollJob, StartJob
 from kernel.fastmodel import construct
 from kernel.job_specs import FINAL, JobPolicy, JobState, JobStatus, micros
 from kernel.record import Operation, OpStatus, TrajectoryRecord
 from kernel.states import LIVE, LifecycleState, StopReason
 from kernel.tools import ToolSpec
+
+C = TypeVar("C", PollJob, CancelJob, GiveInput)
 
 S = LifecycleState
 
@@ -54,6 +58,13 @@ def start(
     wall_left = rec.submitted_at + rec.budget.wall_clock_s - draft.now
     deadline = draft.now + max(min(spec.timeout_s, wall_left), 0.0)
     op.job = construct(JobState, started_us=micros(draft.now), deadline_us=micros(deadline))
+    return _start_command(draft, op, spec, timeout_s, digest)
+
+
+def _start_command(
+    draft: Draft, op: Operation, spec: ToolSpec, timeout_s: float, digest: str | None
+) -> StartJob:
+    """The command that starts ``op``'s job, under its key and latest attempt."""
     return construct(
         StartJob,
         call_id=op.call_id,
@@ -68,6 +79,15 @@ def start(
     )
 
 
+def job_command(kind: type[C], op: Operation, **fields: Any) -> C:
+    """A command about ``op``'s started job: its call, latest attempt and handle."""
+    job = op.job
+    assert job is not None
+    return construct(
+        kind, call_id=op.call_id, attempt_id=op.attempts[-1], handle=job.handle, **fields
+    )
+
+
 def recover(draft: Draft, op: Operation, spec: ToolSpec) -> None:
     """A job whose worker is gone: a started job is polled at once (it runs on elsewhere);
     one whose start was never answered is started again under the same key and attempt,
@@ -77,19 +97,7 @@ def recover(draft: Draft, op: Operation, spec: ToolSpec) -> None:
     if job.handle is not None:
         update(op, next_poll_at=draft.now)
         return
-    draft.commands.append(
-        construct(
-            StartJob,
-            call_id=op.call_id,
-            attempt_id=op.attempts[-1],
-            tool=spec.name,
-            args=op.args or {},
-            idempotency_key=op.idempotency_key,
-            timeout_s=max(job.deadline - draft.now, 0.0),
-            epoch=op.epoch,
-            fence=draft.fence,
-        )
-    )
+    draft.commands.append(_start_command(draft, op, spec, max(job.deadline - draft.now, 0.0), None))
 
 
 def schedule(draft: Draft, op: Operation, polls: int) -> float | None:
@@ -116,15 +124,7 @@ def polls_due(draft: Draft) -> None:
             continue
         polls = job.polls + 1
         update(op, polls=polls, next_poll_at=schedule(draft, op, polls))
-        draft.commands.append(
-            construct(
-                PollJob,
-                call_id=op.call_id,
-                attempt_id=op.attempts[-1],
-                handle=job.handle,
-                epoch=op.epoch,
-            )
-        )
+        draft.commands.append(job_command(PollJob, op, epoch=op.epoch))
 
 
 def cancel(draft: Draft, op: Operation) -> None:
@@ -136,14 +136,7 @@ def cancel(draft: Draft, op: Operation) -> None:
         return
     update(op, cancel_at=draft.now)
     draft.commands.append(
-        construct(
-            CancelJob,
-            call_id=op.call_id,
-            attempt_id=op.attempts[-1],
-            handle=job.handle,
-            idempotency_key=op.idempotency_key,
-            tool=op.tool or "",
-        )
+        job_command(CancelJob, op, idempotency_key=op.idempotency_key, tool=op.tool or "")
     )
 
 

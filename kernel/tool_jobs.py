@@ -23,7 +23,6 @@ from kernel.chain import RowKind
 from kernel.context import Draft
 from kernel.errors import UnknownReference
 from kernel.events import GiveInput, InputGiven, JobReported, JobStarted
-from kernel.fastmodel import construct
 from kernel.job_specs import FINAL, JobStatus
 from kernel.record import Operation, OpStatus
 from kernel.results import carry_on
@@ -223,12 +222,5 @@ def on_input(draft: Draft, ev: InputGiven) -> None:
         detail={"input_id": ev.input_id, "by": ev.given_by},
     )
     draft.commands.append(
-        construct(
-            GiveInput,
-            call_id=op.call_id,
-            attempt_id=op.attempts[-1],
-            handle=job.handle,
-            input_id=ev.input_id,
-            answer=ev.answer,
-        )
+        tool_job_polls.job_command(GiveInput, op, input_id=ev.input_id, answer=ev.answer)
     )
